@@ -1,0 +1,3 @@
+from snapver.cli import main
+
+main()

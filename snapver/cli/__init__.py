@@ -1,0 +1,49 @@
+"""The command line: a thin Typer layer; ``main`` maps every SnapverError to one line."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.errors import SnapverError
+
+# Each module registers its commands on ``app``; ops are imported inside the commands.
+from snapver.cli import store_cmds as _store_cmds  # noqa: E402,F401
+from snapver.cli import pull as _pull  # noqa: E402,F401
+
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, print errors as one line, exit with their code."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
+    except SnapverError as exc:
+        if STATE.verbose:
+            traceback.print_exc()
+        print(f"snapver: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        print("snapver: aborted", file=sys.stderr)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("snapver: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no raw traceback
+        if STATE.verbose:
+            traceback.print_exc()
+        print(f"snapver: error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("hint: run again with -v for the traceback, and report it", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,85 @@
+"""`snapver pull`: parse, call ops.pull, render."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape, human_bytes
+
+
+@app.command()
+def pull(
+    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
+                                        help="Nodes or groups to snapshot."),
+    all_nodes: bool = typer.Option(False, "--all", help="Every node in the config."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="Tag the new snapshot (one node)."),
+    message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Snapshot live nodes; only changed content crosses the wire."""
+    from snapver.errors import UsageError
+    from snapver.ops.pull import NodePull, pull as pull_nodes
+    from snapver.store.refs import valid_ref_name
+
+    config = STATE.config()
+    specs = config.select(targets or [], all_nodes)
+    if tag is not None:
+        if not valid_ref_name(tag):
+            raise UsageError(f"invalid tag name {tag!r}")
+        if len(specs) != 1:
+            raise UsageError("--tag names one snapshot: pull one node with it",
+                             hint="tag the others with `snapver tag NAME NODE`")
+    store = STATE.store(config, create=True)
+    out = console()
+    err = console(stderr=True)
+    show_bar = not json_out and err.is_terminal
+
+    def done(result: NodePull) -> None:
+        if not json_out:
+            err.print(summary_line(result)) if result.error else out.print(summary_line(result))
+
+    if show_bar:
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
+                                   TextColumn, TimeRemainingColumn)
+
+        with Progress(TextColumn("pulling"), BarColumn(), MofNCompleteColumn(), DownloadColumn(),
+                      TimeRemainingColumn(), console=err, transient=True) as bar:
+            files_task = bar.add_task("files", total=None)
+            bytes_seen = [0, 0]
+
+            def plan(files: int, size: int) -> None:
+                bar.update(files_task, total=files)
+                bytes_seen[1] = size
+
+            def progress(files: int, size: int) -> None:
+                bar.advance(files_task, files)
+
+            result = pull_nodes(store, specs, tag, message, on_plan=plan, on_progress=progress,
+                                on_node_done=done)
+    else:
+        result = pull_nodes(store, specs, tag, message, on_node_done=done)
+    if json_out:
+        emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
+    failed = [n.node for n in result.nodes if n.error]
+    if failed and len(result.nodes) > 1 and not json_out:
+        err.print(f"snapver: error: {len(failed)} of {len(result.nodes)} nodes failed: {', '.join(failed)}")
+    return result.exit_code
+
+
+def summary_line(result: "object") -> str:
+    """One line per node: files, changed, bytes transferred, seconds — or the error."""
+    from snapver.ops.pull import NodePull
+
+    assert isinstance(result, NodePull)
+    name = escape(result.node)
+    if result.error:
+        return f"[red]{name}: failed[/red]: {escape(str(result.error))}"
+    stats = (f"{result.files} files, {result.changed} changed, "
+             f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire), "
+             f"{result.seconds:.1f} s")
+    if result.unchanged_since:
+        return f"{name}: unchanged since {result.unchanged_since[:10]} — {stats}"
+    return f"{name}: snapshot [bold]{result.snapshot[:10] if result.snapshot else '?'}[/bold] — {stats}"

@@ -1,0 +1,149 @@
+"""`init`, `nodes`, `log`, `show`, `fsck`: parse, call one operation, render."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape, human_bytes
+
+
+@app.command()
+def init() -> int:
+    """Create `.snapver` (from the example) and an empty store here."""
+    from snapver.ops.init import init as run_init
+
+    result = run_init(Path.cwd())
+    out = console()
+    if result.config_created:
+        out.print(f"wrote {escape(str(result.config_path))} (edit it to add your nodes)")
+    else:
+        out.print(f"kept the existing {escape(str(result.config_path))}")
+    out.print(f"store ready at {escape(str(result.store_path))}")
+    return 0
+
+
+@app.command()
+def nodes(
+    check: bool = typer.Option(False, "--check", help="Connect and report python, site-packages, version."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """List nodes and groups; --check connects to each."""
+    from rich.table import Table
+
+    from snapver.ops.nodes import list_nodes
+
+    config = STATE.config()
+    checks = list_nodes(config, check)
+    code = max((c.exit_code for c in checks), default=0)
+    if json_out:
+        emit_json({"nodes": [c.to_json() for c in checks],
+                   "groups": {name: list(members) for name, members in config.groups.items()},
+                   "exit_code": code})
+        return code
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "address") + (("reachable", "python", "site-packages", "distribution")
+                                         if check else ("site-packages",)):
+        table.add_column(column)
+    for c in checks:
+        if check:
+            table.add_row(escape(c.node), escape(c.address),
+                          "[green]yes[/green]" if c.reachable else "[red]no[/red]",
+                          escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists))
+        else:
+            table.add_row(escape(c.node), escape(c.address), escape(c.site_packages))
+    out = console()
+    out.print(table)
+    for name, members in config.groups.items():
+        out.print(f"group {escape(name)}: {escape(', '.join(members))}")
+    for c in checks:
+        if c.error:
+            console(stderr=True).print(f"snapver: error: {escape(c.error)}")
+    return code
+
+
+@app.command()
+def log(
+    node: Optional[str] = typer.Argument(None, help="Only this node's snapshots."),
+    limit: Optional[int] = typer.Option(None, "-n", help="At most N snapshots.", min=1),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Snapshots, newest first: id, date, node, files changed, tags, version."""
+    from snapver.ops.log import log as read_log
+
+    config = STATE.config()
+    store = STATE.store(config)
+    snapshots = read_log(store, config, node, limit)
+    if json_out:
+        emit_json({"snapshots": [s.to_json() for s in snapshots]})
+        return 0
+    out = console()
+    if not snapshots:
+        out.print("no snapshots yet" + (f" of {escape(node)}" if node else "") + " (run `snapver pull`)")
+    for s in snapshots:
+        tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
+        note = f"  {escape(s.message)}" if s.message else ""
+        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} "
+                  f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
+    return 0
+
+
+@app.command()
+def show(
+    ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
+    path: Optional[str] = typer.Argument(None, help="A file, relative to site-packages."),
+    json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
+) -> int:
+    """A snapshot's metadata, or one file's content in it."""
+    from snapver.ops.log import show as run_show
+
+    config = STATE.config()
+    store = STATE.store(config)
+    result = run_show(store, config, ref, path)
+    if result.content is not None:
+        sys.stdout.buffer.write(result.content)
+        sys.stdout.flush()
+        return 0
+    info = result.snapshot
+    if json_out:
+        emit_json({**info.to_json(), "manifest": [
+            {"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size, "blake3": e.digest}
+            for e in result.manifest or []]})
+        return 0
+    out = console()
+    meta = info.meta
+    out.print(f"snapshot {info.id}")
+    out.print(f"node:          {escape(info.node)} ({escape(str(meta.get('host', '')))})")
+    out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
+    out.print(f"site-packages: {escape(str(meta.get('site_packages', '')))}")
+    out.print(f"python:        {escape(str(meta.get('python', '')))}")
+    out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
+    out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
+    out.print(f"files:         {info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed")
+    if info.tags:
+        out.print(f"tags:          {escape(', '.join(info.tags))}")
+    if info.message:
+        out.print(f"message:       {escape(info.message)}")
+    return 0
+
+
+@app.command()
+def fsck() -> int:
+    """Verify the store: every object, every manifest hash."""
+    from snapver.errors import StoreError
+    from snapver.ops.fsck import fsck as run_fsck
+
+    config = STATE.config()
+    store = STATE.store(config)
+    result = run_fsck(store)
+    out = console()
+    for problem in result.problems:
+        console(stderr=True).print(f"[red]problem[/red]: {escape(problem)}")
+    if not result.ok:
+        raise StoreError(f"the store has {len(result.problems)} problem(s)", hint="see the lines above")
+    out.print(f"store ok: {result.commits} snapshots, {result.blobs} blobs verified")
+    return 0

@@ -1,0 +1,264 @@
+"""`.snapver` (TOML): find it, inherit `[defaults]`, validate with file, key and reason."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from snapver.errors import ConfigError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_NAME = ".snapver"
+ENV_CONFIG = "SNAPVER_CONFIG"
+HOST_KEY_POLICIES = ("strict", "accept-new")
+DEFAULT_PATHS = ("sglang/srt",)
+DEFAULT_EXCLUDE = ("__pycache__/", "*.pyc")
+
+# key → (type, description) of every key a node may set, in [defaults] or [nodes.X].
+_NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "host": (str, "a string"),
+    "port": (int, "an integer"),
+    "user": (str, "a string"),
+    "local": (bool, "true or false"),
+    "site_packages": (str, "a string"),
+    "python": (str, "a string"),
+    "paths": (list, "a list of strings"),
+    "exclude": (list, "a list of strings"),
+    "identity_file": (str, "a string"),
+    "known_hosts": (str, "a string"),
+    "host_key_policy": (str, '"strict" or "accept-new"'),
+    "connect_timeout": ((int, float), "a number of seconds"),
+    "compress": (str, '"auto", "zlib" or "none"'),
+}
+_NODE_ONLY_KEYS = {"host", "site_packages", "python", "local"}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node, with `[defaults]` already applied."""
+
+    name: str
+    site_packages: str | None
+    python: str | None = None
+    local: bool = False
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    paths: tuple[str, ...] = DEFAULT_PATHS
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    compress: str = "auto"
+
+    @property
+    def address(self) -> str:
+        """Where the node lives, for humans: ``user@host:port`` or ``local``."""
+        if self.local:
+            return "local"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.host}{port}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """A loaded, validated `.snapver`."""
+
+    path: Path | None  # None for the embedded default
+    store_path: Path
+    nodes: dict[str, NodeSpec] = field(default_factory=dict)
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def node(self, name: str) -> NodeSpec:
+        """The node called ``name``; an unknown name is a usage error listing the known."""
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise UsageError(
+                f"unknown node {name!r}",
+                hint=f"known nodes: {', '.join(sorted(self.nodes)) or '(none)'}",
+            ) from None
+
+    def select(self, names: list[str] | tuple[str, ...], all_nodes: bool = False) -> list[NodeSpec]:
+        """Expand node and group names (in order, without repeats) to node specs."""
+        if all_nodes or not names:
+            if not all_nodes and not names and len(self.nodes) != 1:
+                raise UsageError(
+                    "name a node or group, or use --all",
+                    hint=f"nodes: {', '.join(sorted(self.nodes))}"
+                    + (f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""),
+                )
+            return [self.nodes[name] for name in self.nodes]
+        chosen: dict[str, NodeSpec] = {}
+        for name in names:
+            if name in self.groups:
+                for member in self.groups[name]:
+                    chosen.setdefault(member, self.nodes[member])
+            elif name in self.nodes:
+                chosen.setdefault(name, self.nodes[name])
+            else:
+                known = sorted(self.nodes) + sorted(self.groups)
+                raise UsageError(f"unknown node or group {name!r}",
+                                 hint=f"known: {', '.join(known) or '(none)'}")
+        return list(chosen.values())
+
+
+def find_config_path(explicit: str | None = None, cwd: Path | None = None) -> Path | None:
+    """`--config`, else `$SNAPVER_CONFIG`, else `.snapver` here or in the nearest parent."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(ENV_CONFIG):
+        return Path(os.environ[ENV_CONFIG])
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(explicit: str | None = None, cwd: Path | None = None) -> Config:
+    """Find and load the config; with none anywhere, the embedded default (a local node)."""
+    path = find_config_path(explicit, cwd)
+    if path is None:
+        return default_config(cwd or Path.cwd())
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file", hint="run `snapver init`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_config(data, path)
+
+
+def default_config(cwd: Path) -> Config:
+    """The embedded default: this Python's site-packages as node `local`, store `./snapshots`."""
+    site_packages = sysconfig.get_paths()["purelib"]
+    node = NodeSpec(name="local", local=True, site_packages=site_packages, python=sys.executable)
+    return Config(path=None, store_path=cwd / "snapshots", nodes={"local": node})
+
+
+def parse_config(data: dict[str, Any], path: Path) -> Config:
+    """Validate a parsed TOML document; every error names ``path`` and the key."""
+
+    def fail(key: str, reason: str) -> ConfigError:
+        return ConfigError(f"{path}: {key}: {reason}")
+
+    _check_keys(data, {"store", "defaults", "nodes", "groups"}, "", fail)
+    store = _table(data, "store", fail)
+    _check_keys(store, {"path"}, "store.", fail)
+    store_value = store.get("path", "snapshots")
+    if not isinstance(store_value, str) or not store_value:
+        raise fail("store.path", "expected a non-empty string")
+    store_path = Path(os.path.expanduser(store_value))
+    if not store_path.is_absolute():
+        store_path = path.resolve().parent / store_path
+
+    defaults = _table(data, "defaults", fail)
+    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port"}, "defaults.", fail)
+    _check_types(defaults, "defaults.", fail)
+
+    nodes: dict[str, NodeSpec] = {}
+    for name, table in _table(data, "nodes", fail).items():
+        if not isinstance(table, dict):
+            raise fail(f"nodes.{name}", "expected a table")
+        if not _valid_name(name):
+            raise fail(f"nodes.{name}", "a node name is letters, digits, '.', '_' or '-'")
+        prefix = f"nodes.{name}."
+        _check_keys(table, set(_NODE_KEYS), prefix, fail)
+        _check_types(table, prefix, fail)
+        merged = {**defaults, **table}
+        nodes[name] = _node_spec(name, merged, prefix, fail)
+
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, members in _table(data, "groups", fail).items():
+        key = f"groups.{name}"
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise fail(key, "expected a list of node names")
+        if name in nodes:
+            raise fail(key, f"a group cannot share its name with node {name!r}")
+        for member in members:
+            if member not in nodes:
+                raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
+        groups[name] = tuple(members)
+    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups)
+
+
+def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:
+    local = bool(merged.get("local", False))
+    if not merged.get("site_packages") and not merged.get("python"):
+        raise fail(prefix.rstrip("."), "needs site_packages or python")
+    if not local and not merged.get("host"):
+        raise fail(prefix + "host", "missing (or set local = true)")
+    policy = merged.get("host_key_policy", "strict")
+    if policy not in HOST_KEY_POLICIES:
+        raise fail(prefix + "host_key_policy", f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {policy!r}")
+    compress = merged.get("compress", "auto")
+    if compress not in ("auto", "zlib", "none"):
+        raise fail(prefix + "compress", f"expected auto, zlib or none, got {compress!r}")
+    port = merged.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise fail(prefix + "port", f"expected 1-65535, got {port}")
+    timeout = merged.get("connect_timeout", 10)
+    if timeout <= 0:
+        raise fail(prefix + "connect_timeout", "expected a positive number")
+    paths = tuple(merged.get("paths", DEFAULT_PATHS))
+    for tracked in paths:
+        if not tracked or tracked.startswith("/") or ".." in tracked.split("/") or tracked.split("/")[0] == ".snapver":
+            raise fail(prefix + "paths", f"{tracked!r} must be a relative path inside site-packages")
+    expand = lambda value: os.path.expanduser(value) if value else value  # noqa: E731
+    return NodeSpec(
+        name=name,
+        site_packages=merged.get("site_packages"),
+        python=merged.get("python"),
+        local=local,
+        host=merged.get("host"),
+        port=port,
+        user=merged.get("user"),
+        paths=tuple(p.strip("/") for p in paths),
+        exclude=tuple(merged.get("exclude", DEFAULT_EXCLUDE)),
+        identity_file=expand(merged.get("identity_file")),
+        known_hosts=expand(merged.get("known_hosts")),
+        host_key_policy=policy,
+        connect_timeout=float(timeout),
+        compress=compress,
+    )
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and all(ch.isalnum() or ch in "._-" for ch in name) and not name.startswith((".", "-"))
+
+
+def _table(data: dict[str, Any], key: str, fail: Any) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise fail(key, "expected a table")
+    return value
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], prefix: str, fail: Any) -> None:
+    for key in table:
+        if key not in allowed:
+            raise fail(prefix + key, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _check_types(table: dict[str, Any], prefix: str, fail: Any) -> None:
+    for key, value in table.items():
+        expected, description = _NODE_KEYS[key]
+        wrong = not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)
+        if not wrong and expected is list:
+            wrong = not all(isinstance(item, str) for item in value)
+        if wrong:
+            raise fail(prefix + key, f"expected {description}, got {type(value).__name__} {value!r}")

@@ -1,0 +1,65 @@
+"""The one error hierarchy: each class carries its exit code (SPEC "Output and exit codes")."""
+
+from __future__ import annotations
+
+
+class SnapverError(Exception):
+    """Base of every error snapver reports; ``exit_code`` is what the process exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} (hint: {self.hint})"
+
+
+class UsageError(SnapverError):
+    """Bad arguments on the command line."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A `.snapver` that cannot be used: names the file, the key and what is wrong."""
+
+
+class RefError(UsageError):
+    """A ref that names nothing, or more than one thing."""
+
+
+class PatchError(UsageError):
+    """A malformed patch, or one that does not fit its base."""
+
+
+class ConflictError(SnapverError):
+    """A push refused because a node's files are neither the base nor the patch."""
+
+    exit_code = 1
+
+
+class TransportError(SnapverError):
+    """A node that cannot be reached, or a command that failed on it."""
+
+    exit_code = 3
+
+
+class HostKeyError(TransportError):
+    """A host key that is unknown (under strict) or changed."""
+
+
+class RemotePathError(TransportError):
+    """A remote path that is missing or not readable."""
+
+
+class StoreError(SnapverError):
+    """The store is locked, corrupt, or cannot be written."""
+
+    exit_code = 4
+
+
+class StoreLockedError(StoreError):
+    """Another snapver command holds the store lock."""

@@ -1,0 +1,202 @@
+"""Plain values shared by every layer: entries, manifests, node facts, changes.
+
+Paths are ``str`` relative to site-packages, decoded with ``surrogateescape`` so that
+names that are not UTF-8 survive byte for byte (``os.fsencode`` gives the bytes back).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+FILE = "f"
+LINK = "l"
+
+MANIFEST_PATH = ".snapver/manifest"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tracked path as recorded in a snapshot.
+
+    ``mode`` is the full ``st_mode`` (type and permission bits); ``digest`` the blake3
+    of the content (of the link target for a symlink); ``oid`` the git blob id.
+    """
+
+    path: str
+    kind: str
+    mode: int
+    size: int
+    digest: str
+    oid: str
+
+    @property
+    def git_mode(self) -> str:
+        """The mode git can keep for this entry in a tree."""
+        if self.kind == LINK:
+            return "120000"
+        return "100755" if self.mode & 0o111 else "100644"
+
+    def same_content(self, other: "Entry") -> bool:
+        """True when kind, content and mode all agree."""
+        return (self.kind, self.digest, self.mode) == (other.kind, other.digest, other.mode)
+
+
+@dataclass(frozen=True)
+class StatEntry:
+    """One path as a node lists it: what it is, its stat, and its git blob id."""
+
+    path: str
+    kind: str
+    mode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    oid: str
+    target: str | None = None
+
+    @property
+    def stat_key(self) -> tuple[int, int, int, int, int]:
+        """What must stay equal for the cached oid of this path to be trusted."""
+        return (self.size, self.mtime_ns, self.ctime_ns, self.ino, self.mode)
+
+
+@dataclass
+class Manifest:
+    """The blake3 manifest of a snapshot: every tracked path, sorted by path bytes."""
+
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Entry]:
+        for path in sorted(self.entries, key=os.fsencode):
+            yield self.entries[path]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.entries
+
+    def get(self, path: str) -> Entry | None:
+        return self.entries.get(path)
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry]) -> "Manifest":
+        return cls({entry.path: entry for entry in entries})
+
+    def total_size(self) -> int:
+        return sum(entry.size for entry in self.entries.values())
+
+    def serialize(self) -> bytes:
+        """Text form kept in the snapshot tree: one line a path, git-style quoting."""
+        lines = [
+            f"{e.kind} {e.mode:o} {e.size} {e.digest} {e.oid}\t{quote_path(e.path)}\n"
+            for e in self
+        ]
+        return "".join(lines).encode("utf-8", "surrogateescape")
+
+    @classmethod
+    def parse(cls, data: bytes) -> "Manifest":
+        entries = {}
+        for line in data.decode("utf-8", "surrogateescape").splitlines():
+            if not line:
+                continue
+            head, _, quoted = line.partition("\t")
+            kind, mode, size, digest, oid = head.split(" ")
+            path = unquote_path(quoted)
+            entries[path] = Entry(path, kind, int(mode, 8), int(size), digest, oid)
+        return cls(entries)
+
+
+_ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r",
+            '"': '"', "\\": "\\"}
+_UNESCAPES = {value: key for key, value in _ESCAPES.items()}
+
+
+def quote_path(path: str) -> str:
+    """Quote a path the way git and ``git fast-import`` read it (C style, when needed).
+
+    Bytes that are not UTF-8 (surrogate-escaped) and control characters become octal
+    escapes; valid non-ASCII text is kept readable.
+    """
+    if not any(ch in _ESCAPES or ord(ch) < 0x20 or ord(ch) == 0x7F
+               or 0xDC80 <= ord(ch) <= 0xDCFF for ch in path) and not path.startswith('"'):
+        return path
+    out = ['"']
+    for ch in path:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append("\\" + _ESCAPES[ch])
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\{code - 0xDC00:03o}")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\{code:03o}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def unquote_path(text: str) -> str:
+    """Inverse of :func:`quote_path` (also reads git's own quoted paths)."""
+    if not (len(text) >= 2 and text.startswith('"') and text.endswith('"')):
+        return text
+    raw = bytearray()
+    body = text[1:-1]
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            raw += ch.encode("utf-8", "surrogateescape")
+            i += 1
+            continue
+        nxt = body[i + 1]
+        if nxt in "01234567":
+            raw.append(int(body[i + 1:i + 4], 8))
+            i += 4
+        else:
+            raw += _UNESCAPES[nxt].encode()
+            i += 2
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def is_safe_relpath(path: str) -> bool:
+    """A path relative to site-packages that stays inside it: no absolute, no ``..``."""
+    if not path or path.startswith("/") or "\0" in path:
+        return False
+    parts = path.split("/")
+    return all(part not in ("", ".", "..") for part in parts)
+
+
+def mode_kind(mode: int) -> str | None:
+    if stat.S_ISLNK(mode):
+        return LINK
+    if stat.S_ISREG(mode):
+        return FILE
+    return None
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """The installed distribution that owns a tracked tree (from ``*.dist-info``)."""
+
+    name: str
+    version: str
+    dist_info: str  # folder name relative to site-packages
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Facts a node reports about itself when the agent starts."""
+
+    hostname: str
+    python_version: str
+    python: str
+    site_packages: str
+    dists: tuple[DistInfo, ...] = ()
+
+    def dist_summary(self) -> str:
+        return ", ".join(f"{d.name} {d.version}" for d in self.dists) or "-"

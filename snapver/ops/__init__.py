@@ -1,0 +1,1 @@
+"""Operations: each takes a store and/or transports, returns a result, never prints."""

@@ -1,0 +1,36 @@
+"""init: write `.snapver` from the example and create an empty store."""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from snapver.config import CONFIG_NAME, load_config
+from snapver.store.repo import Store
+
+
+@dataclass(frozen=True)
+class InitResult:
+    config_path: Path
+    config_created: bool
+    store_path: Path
+
+
+def example_text() -> str:
+    return resources.files("snapver").joinpath("example.toml").read_text(encoding="utf-8")
+
+
+def init(folder: Path) -> InitResult:
+    """Create `.snapver` (unless one is there) and the store it names."""
+    config_path = folder / CONFIG_NAME
+    created = False
+    if not config_path.exists():
+        site_packages = sysconfig.get_paths()["purelib"]
+        text = example_text().replace('"SITE_PACKAGES"', '"' + site_packages.replace("\\", "\\\\") + '"')
+        config_path.write_text(text, encoding="utf-8")
+        created = True
+    config = load_config(str(config_path))
+    Store.create(config.store_path)
+    return InitResult(config_path, created, config.store_path)

@@ -1,0 +1,279 @@
+"""Pull: record live nodes' trees as snapshots, moving only content the store lacks.
+
+Per node: one connection, one listing (the node hashes only files whose stat changed
+since the last pull), then one stream of exactly the missing blobs. Across a group,
+every missing blob is fetched from one node only, so identical nodes send listings,
+not files. All snapshots are written by one ``git fast-import`` and become visible
+together at the end; a pull that dies leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+import blake3
+
+from snapver.config import NodeSpec
+from snapver.errors import SnapverError, StoreError, TransportError
+from snapver.model import Entry, Manifest, StatEntry
+from snapver.store import refs
+from snapver.store.repo import Importer, Store, blob_oid, format_message
+from snapver.transport.base import Listing, Transport, open_transport
+
+# Round trips slower than this mean a real network: compress the stream.
+COMPRESS_RTT_SECONDS = 0.002
+
+ProgressFn = Callable[[int, int], None]  # (files, bytes) just received
+
+
+@dataclass
+class NodePull:
+    """What pulling one node did."""
+
+    node: str
+    snapshot: str | None = None
+    unchanged_since: str | None = None
+    files: int = 0
+    changed: int = 0
+    fetched_files: int = 0
+    fetched_bytes: int = 0
+    wire_bytes: int = 0
+    seconds: float = 0.0
+    dist: str = ""
+    error: SnapverError | None = None
+    # working state, not reported
+    transport: Transport | None = field(default=None, repr=False)
+    listing: Listing | None = field(default=None, repr=False)
+    parent: str | None = field(default=None, repr=False)
+    parent_manifest: Manifest | None = field(default=None, repr=False)
+    started: float = field(default=0.0, repr=False)
+    rtt: float = field(default=0.0, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "ok": self.ok, "snapshot": self.snapshot,
+                "unchanged_since": self.unchanged_since, "files": self.files, "changed": self.changed,
+                "fetched_files": self.fetched_files, "fetched_bytes": self.fetched_bytes,
+                "wire_bytes": self.wire_bytes, "seconds": round(self.seconds, 3), "dist": self.dist,
+                "error": str(self.error) if self.error else None,
+                "exit_code": self.error.exit_code if self.error else 0}
+
+
+@dataclass
+class PullResult:
+    nodes: list[NodePull]
+
+    @property
+    def exit_code(self) -> int:
+        return max((n.error.exit_code for n in self.nodes if n.error), default=0)
+
+
+def stat_cache_path(store: Store, node: str):
+    return store.path / "snapver" / "stat-cache" / f"{node}.json"
+
+
+def load_stat_cache(store: Store, node: str, head: str | None) -> tuple[dict[str, StatEntry], int]:
+    """The node's last listing, trusted only if it belongs to the snapshot at the tip."""
+    path = stat_cache_path(store, node)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, 0
+    if head is None or data.get("commit") != head:
+        return {}, 0
+    entries = {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5]) for p, v in data["entries"].items()}
+    return entries, int(data["now_ns"])
+
+
+def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
+    path = stat_cache_path(store, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = {e.path: [e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode, e.oid]
+               for e in listing.entries if e.kind == "f"}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "entries": entries}))
+    os.replace(tmp, path)
+
+
+def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
+         on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
+         on_node_done: Callable[[NodePull], None] | None = None) -> PullResult:
+    """Snapshot every node in ``specs`` (in parallel). Never changes a node."""
+    results = [NodePull(spec.name) for spec in specs]
+    by_name = {r.node: r for r in results}
+    workers = max(1, min(32, len(specs)))
+    with store.lock(), ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda pair: _list_node(store, *pair), zip(specs, results)))
+        live = [r for r in results if r.ok]
+        try:
+            with store.importer() as importer:
+                digests: dict[str, str] = {}
+                assignments = _assign_fetches(store, live)
+                if on_plan:
+                    on_plan(sum(len(a) for a in assignments.values()),
+                            sum(e.size for a in assignments.values() for e in a))
+                list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
+                              live))
+                # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
+                live = [r for r in live if r.ok]
+                list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
+                                               on_progress), live))
+                marks = {}
+                for result in (r for r in live if r.ok):
+                    try:
+                        mark = _record(store, importer, result, digests, message)
+                        if mark is not None:
+                            marks[result.node] = mark
+                    except SnapverError as exc:
+                        result.error = exc
+        except SnapverError as exc:
+            for result in live:
+                if result.ok:
+                    result.error = exc
+            marks = {}
+        finally:
+            for result in results:
+                if result.transport is not None:
+                    result.transport.close()
+        for node, mark in marks.items():
+            result = by_name[node]
+            result.snapshot = importer.results[mark]
+        for result in results:
+            if result.ok and result.listing is not None:
+                head = result.snapshot or result.unchanged_since
+                if head:
+                    save_stat_cache(store, result.node, head, result.listing)
+                if tag and head:
+                    store.update_ref(refs.tag_ref(tag if len(specs) == 1 else f"{tag}-{result.node}"), head)
+            result.seconds = time.monotonic() - result.started
+            if on_node_done:
+                on_node_done(result)
+    return PullResult(results)
+
+
+def _list_node(store: Store, spec: NodeSpec, result: NodePull) -> None:
+    result.started = time.monotonic()
+    try:
+        result.parent = store.ref(refs.node_ref(spec.name))
+        result.parent_manifest = store.manifest(result.parent) if result.parent else None
+        cache, cache_time = load_stat_cache(store, spec.name, result.parent)
+        result.transport = open_transport(spec)
+        info = result.transport.open()
+        result.rtt = result.transport.ping()
+        result.dist = info.dist_summary()
+        result.listing = result.transport.list_tree(cache, cache_time)
+    except SnapverError as exc:
+        result.error = exc
+
+
+def _assign_fetches(store: Store, nodes: list[NodePull]) -> dict[str, list[StatEntry]]:
+    """Give each blob the store lacks to the first node that has it."""
+    all_oids = {e.oid for r in nodes for e in r.listing.entries}  # type: ignore[union-attr]
+    have = store.existing(all_oids)
+    assigned: dict[str, list[StatEntry]] = {}
+    for result in nodes:
+        mine = assigned.setdefault(result.node, [])
+        for entry in result.listing.entries:  # type: ignore[union-attr]
+            if entry.oid not in have:
+                have.add(entry.oid)
+                mine.append(entry)
+    return assigned
+
+
+def _still_missing(store: Store, importer: Importer, result: NodePull) -> list[StatEntry]:
+    candidates = [e for e in result.listing.entries if not importer.has(e.oid)]  # type: ignore[union-attr]
+    if not candidates:
+        return []
+    have = store.existing(e.oid for e in candidates)
+    return [e for e in candidates if e.oid not in have]
+
+
+def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, digests: dict[str, str],
+           on_progress: ProgressFn | None) -> None:
+    if not entries or not result.ok:
+        return
+    assert result.transport is not None and result.listing is not None
+    level = 1 if result.transport.spec.compress == "zlib" or (
+        result.transport.spec.compress == "auto" and result.rtt > COMPRESS_RTT_SECONDS) else 0
+    by_path = {e.path: e for e in entries}
+    changed: dict[str, StatEntry | None] = {}
+    try:
+        for path, kind, data in result.transport.read_files(list(by_path), compress_level=level):
+            listed = by_path[path]
+            if kind is None:
+                changed[path] = None  # vanished since the listing
+                continue
+            oid = importer.add_blob(data)
+            digests[oid] = blake3.blake3(data).hexdigest()
+            result.fetched_files += 1
+            result.fetched_bytes += len(data)
+            if oid != listed.oid or kind != listed.kind:
+                changed[path] = StatEntry(path, kind, listed.mode, len(data), listed.mtime_ns,
+                                          listed.ctime_ns, listed.ino, oid, listed.target)
+            if on_progress:
+                on_progress(1, len(data))
+    except SnapverError as exc:
+        result.error = exc
+        return
+    if changed:
+        # The file changed between listing and reading: record what was read.
+        kept = [changed.get(e.path, e) if e.path in changed else e for e in result.listing.entries]
+        result.listing = Listing(result.listing.now_ns, [e for e in kept if e is not None],
+                                 result.listing.hashed)
+
+
+def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],
+            message: str) -> int | None:
+    """Build the node's manifest; write a snapshot commit unless nothing changed."""
+    assert result.listing is not None and result.transport is not None
+    previous = result.parent_manifest
+    known = {e.oid: e.digest for e in previous} if previous else {}
+    unknown = [e.oid for e in result.listing.entries if e.oid not in digests and e.oid not in known]
+    if unknown:
+        for oid, data in store.read_blobs(unknown):
+            if blob_oid(data) != oid:
+                raise StoreError(f"object {oid} in the store does not match its id")
+            digests[oid] = blake3.blake3(data).hexdigest()
+    entries = [Entry(e.path, e.kind, e.mode, e.size, digests.get(e.oid) or known[e.oid], e.oid)
+               for e in result.listing.entries]
+    manifest = Manifest.of(entries)
+    result.files = len(manifest)
+    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent
+    if previous is not None:
+        result.changed = count_changes(previous, manifest)
+        if result.changed == 0:
+            result.unchanged_since = result.parent
+            return None
+    else:
+        result.changed = len(manifest)
+    info = result.transport.info
+    spec = result.transport.spec
+    assert info is not None
+    now = datetime.now(timezone.utc)
+    meta = {
+        "v": 1, "kind": "snapshot", "node": spec.name, "host": spec.address,
+        "site_packages": info.site_packages, "hostname": info.hostname, "python": info.python_version,
+        "time": now.isoformat(timespec="seconds"), "paths": list(spec.paths),
+        "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
+        "changed": result.changed, "bytes": manifest.total_size(),
+    }
+    if message:
+        meta["message"] = message
+    subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
+    return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
+                           format_message(subject, meta, message), now)
+
+
+def count_changes(old: Manifest, new: Manifest) -> int:
+    """Paths added, removed, or whose kind, content or mode changed."""
+    changed = sum(1 for e in new if (o := old.get(e.path)) is None or not o.same_content(e))
+    return changed + sum(1 for e in old if e.path not in new)

@@ -1,0 +1,376 @@
+"""The store: a bare git repository, read with GitPython and written with fast-import.
+
+A snapshot is a commit on ``refs/heads/nodes/<node>`` whose tree holds the tracked
+paths (relative to site-packages) plus ``.snapver/manifest`` (the blake3 manifest);
+its metadata is a JSON trailer in the commit message. Both survive ``git clone``.
+Writes go through one ``git fast-import`` process, which makes refs visible only
+when it ends cleanly: a write that dies half-way leaves every ref as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import git
+
+from snapver.errors import StoreError
+from snapver.model import LINK, MANIFEST_PATH, Entry, Manifest, quote_path
+from snapver.store import refs
+from snapver.store.lock import store_lock
+
+META_PREFIX = "snapver-meta: "
+IDENTITY = "snapver <snapver@localhost>"
+
+
+def blob_oid(data: bytes) -> str:
+    """The git blob id of ``data`` (what ``git hash-object`` prints)."""
+    digest = hashlib.sha1(b"blob %d\0" % len(data), usedforsecurity=False)
+    digest.update(data)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A commit as snapver reads it: id, parents, time, message and parsed metadata."""
+
+    id: str
+    parents: tuple[str, ...]
+    time: datetime
+    subject: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def short(self) -> str:
+        return self.id[:10]
+
+
+class Store:
+    """A snapver store at ``path`` (a bare git repository)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.repo = git.Repo(path)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+            raise StoreError(f"no snapver store at {path}", hint="run `snapver init` or `snapver pull`") from exc
+        self._cat_lock = threading.Lock()
+
+    # -- creating and locking ------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path) -> "Store":
+        """Create an empty store (idempotent)."""
+        if not (path / "HEAD").exists():
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                repo = git.Repo.init(path, bare=True)
+                with repo.config_writer() as writer:
+                    # Snapshots are mostly new blobs: cheap compression, gc in the background.
+                    writer.set_value("core", "compression", "1")
+                    writer.set_value("pack", "compression", "1")
+                    writer.set_value("gc", "auto", "0")
+                repo.git.symbolic_ref("HEAD", refs.NODES + "_")
+                repo.close()
+            except (OSError, git.GitCommandError) as exc:
+                raise StoreError(f"cannot create the store at {path}: {exc}") from exc
+        return cls(path)
+
+    @classmethod
+    def open_or_create(cls, path: Path) -> "Store":
+        return cls(path) if (path / "HEAD").exists() else cls.create(path)
+
+    def lock(self, wait: float | None = None) -> Any:
+        """The store's write lock (a context manager)."""
+        return store_lock(self.path, wait)
+
+    def close(self) -> None:
+        self.repo.close()
+
+    # -- objects ------------------------------------------------------------------
+    def git(self, *args: str, input: bytes | None = None) -> bytes:
+        """Run one git plumbing command in the store; a failure is a StoreError."""
+        try:
+            result = subprocess.run(["git", "--git-dir", str(self.path), *args], input=input,
+                                    capture_output=True, check=False)
+        except OSError as exc:
+            raise StoreError(f"cannot run git: {exc}") from exc
+        if result.returncode != 0:
+            message = result.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise StoreError(f"git {args[0]} failed: {message[-1] if message else result.returncode}")
+        return result.stdout
+
+    def existing(self, oids: Iterable[str]) -> set[str]:
+        """Those of ``oids`` whose object is in the store (one batched call)."""
+        wanted = sorted(set(oids))
+        if not wanted:
+            return set()
+        out = self.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                       input="".join(f"{oid}\n" for oid in wanted).encode())
+        found = set()
+        for line in out.decode().splitlines():
+            name, _, kind = line.partition(" ")
+            if kind and kind != "missing":
+                found.add(name)
+        return found
+
+    def read_blob(self, oid: str) -> bytes:
+        """One object's content, through GitPython's persistent ``cat-file --batch``."""
+        with self._cat_lock:
+            try:
+                _, _, _, data = self.repo.git.get_object_data(oid)
+            except (ValueError, git.GitCommandError) as exc:
+                raise StoreError(f"object {oid} is missing from the store") from exc
+        return data
+
+    def read_blobs(self, oids: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+        """Stream many objects' content in one ``cat-file --batch`` process."""
+        wanted = list(dict.fromkeys(oids))
+        if not wanted:
+            return
+        process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "--batch"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert process.stdin and process.stdout
+        writer = threading.Thread(target=_feed, args=(process.stdin, wanted), daemon=True)
+        writer.start()
+        try:
+            for oid in wanted:
+                header = process.stdout.readline().decode()
+                parts = header.split()
+                if len(parts) != 3:
+                    raise StoreError(f"object {oid} is missing from the store")
+                size = int(parts[2])
+                data = process.stdout.read(size)
+                process.stdout.read(1)
+                yield oid, data
+        finally:
+            process.stdout.close()
+            process.kill()
+            process.wait()
+            writer.join()
+
+    # -- refs and commits -------------------------------------------------------------
+    def ref(self, name: str) -> str | None:
+        """The commit a full ref name points to, or None."""
+        out = subprocess.run(["git", "--git-dir", str(self.path), "rev-parse", "-q", "--verify",
+                              name + "^{commit}"], capture_output=True)
+        return out.stdout.decode().strip() or None if out.returncode == 0 else None
+
+    def refs(self, prefix: str) -> dict[str, str]:
+        """``{name below prefix: commit}`` for every ref under ``prefix``."""
+        out = self.git("for-each-ref", "--format=%(refname) %(objectname) %(*objectname)", prefix)
+        found = {}
+        for line in out.decode().splitlines():
+            name, oid, peeled = (line.split(" ") + [""])[:3]
+            found[name[len(prefix):]] = peeled or oid
+        return found
+
+    def update_ref(self, name: str, new: str, old: str | None = None) -> None:
+        args = ["update-ref", name, new] + ([old] if old is not None else [])
+        self.git(*args)
+
+    def delete_ref(self, name: str) -> None:
+        self.git("update-ref", "-d", name)
+
+    def commit(self, rev: str) -> Commit:
+        """Read one commit and its snapver metadata."""
+        return self.commits([rev], no_walk=True)[0]
+
+    def commits(self, revs: list[str], limit: int | None = None, no_walk: bool = False) -> list[Commit]:
+        """Commits reachable from ``revs``, newest first (``git log`` order by date)."""
+        if not revs:
+            return []
+        args = ["log", "--format=%H%x00%P%x00%ct%x00%B%x00%x01", "--date-order"]
+        if no_walk:
+            args.append("--no-walk=unsorted")
+        if limit is not None:
+            args.append(f"-n{limit}")
+        out = self.git(*args, *revs, "--")
+        found = []
+        for record in out.decode("utf-8", "surrogateescape").split("\x01"):
+            record = record.lstrip("\n")
+            if not record:
+                continue
+            oid, parents, stamp, body, _ = record.split("\x00")
+            found.append(Commit(oid, tuple(parents.split()), datetime.fromtimestamp(int(stamp), timezone.utc),
+                                body.splitlines()[0] if body else "", parse_meta(body)))
+        return found
+
+    def manifest(self, commit: str) -> Manifest:
+        """The blake3 manifest recorded in a snapshot (or patch) commit."""
+        try:
+            data = self.read_blob(f"{commit}:{MANIFEST_PATH}")
+        except StoreError as exc:
+            raise StoreError(f"commit {commit[:10]} has no manifest ({MANIFEST_PATH})") from exc
+        try:
+            return Manifest.parse(data)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise StoreError(f"commit {commit[:10]}: corrupt manifest: {exc}") from exc
+
+    def ls_tree(self, commit: str) -> dict[str, tuple[str, str]]:
+        """``{path: (mode, oid)}`` of every blob in a commit's tree (manifest excluded)."""
+        out = self.git("ls-tree", "-r", "-z", "--full-tree", commit)
+        found = {}
+        for record in out.split(b"\0"):
+            if not record:
+                continue
+            head, _, path = record.partition(b"\t")
+            mode, _, oid = head.decode().split(" ")
+            name = path.decode("utf-8", "surrogateescape")
+            if not name.startswith(".snapver/"):
+                found[name] = (mode, oid)
+        return found
+
+    # -- writing ------------------------------------------------------------------
+    @contextmanager
+    def importer(self) -> Iterator["Importer"]:
+        """A fast-import session; refs it writes appear only if the block ends cleanly."""
+        importer = Importer(self)
+        try:
+            yield importer
+        except BaseException:
+            importer.abort()
+            raise
+        importer.finish()
+
+
+def _feed(pipe: Any, oids: list[str]) -> None:
+    try:
+        for oid in oids:
+            pipe.write(f"{oid}\n".encode())
+        pipe.close()
+    except (OSError, ValueError):
+        pass
+
+
+def parse_meta(message: str) -> dict[str, Any]:
+    for line in message.splitlines():
+        if line.startswith(META_PREFIX):
+            try:
+                return json.loads(line[len(META_PREFIX):])
+            except json.JSONDecodeError:
+                return {}
+    return {}
+
+
+def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
+    text = subject.strip() + "\n\n"
+    if body.strip():
+        text += body.strip() + "\n\n"
+    return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+class Importer:
+    """One ``git fast-import`` process. Thread-safe: blobs may come from many nodes."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._marks: dict[str, int] = {}  # blob oid → mark, for blobs written in this session
+        self._next_mark = 1
+        self._commits: list[tuple[str, int]] = []
+        try:
+            self.process = subprocess.Popen(
+                ["git", "--git-dir", str(store.path), "-c", "core.compression=1", "-c", "pack.compression=1",
+                 "fast-import", "--quiet", "--done", "--depth=0", "--max-pack-size=0"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise StoreError(f"cannot run git fast-import: {exc}") from exc
+        assert self.process.stdin and self.process.stdout
+        self._in = self.process.stdin
+        self._out = self.process.stdout
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._in.write(data)
+        except (BrokenPipeError, OSError) as exc:
+            raise StoreError(f"git fast-import failed: {self._stderr()}") from exc
+
+    def _stderr(self) -> str:
+        try:
+            self.process.wait(timeout=10)
+            assert self.process.stderr
+            lines = self.process.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        except (subprocess.TimeoutExpired, OSError):
+            lines = []
+        return lines[-1] if lines else f"exit {self.process.returncode}"
+
+    def has(self, oid: str) -> bool:
+        with self._lock:
+            return oid in self._marks
+
+    def add_blob(self, data: bytes, oid: str | None = None) -> str:
+        """Write a blob (once per content) and return its git id."""
+        oid = oid or blob_oid(data)
+        with self._lock:
+            if oid in self._marks:
+                return oid
+            mark = self._next_mark
+            self._next_mark += 1
+            self._write(b"blob\nmark :%d\ndata %d\n" % (mark, len(data)))
+            self._write(data)
+            self._write(b"\n")
+            self._marks[oid] = mark
+        return oid
+
+    def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
+               when: datetime, extra_files: dict[str, bytes] | None = None) -> int:
+        """Write a commit on ``ref`` whose tree is exactly ``manifest`` (plus its text)."""
+        files = dict(extra_files or {})
+        files[MANIFEST_PATH] = manifest.serialize()
+        stamp = int(when.timestamp())
+        offset = when.astimezone().utcoffset() or None
+        minutes = int(offset.total_seconds() // 60) if offset else 0
+        tz = f"{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
+        text = message.encode("utf-8", "surrogateescape")
+        lines = []
+        with self._lock:
+            mark = self._next_mark
+            self._next_mark += 1
+            lines.append(b"commit %s\nmark :%d\ncommitter %s %d %s\ndata %d\n" % (
+                ref.encode(), mark, IDENTITY.encode(), stamp, tz.encode(), len(text)))
+            lines.append(text + b"\n")
+            if parent:
+                lines.append(b"from %s\n" % parent.encode())
+            lines.append(b"deleteall\n")
+            for entry in manifest:
+                dataref = f":{self._marks[entry.oid]}" if entry.oid in self._marks else entry.oid
+                mode = "120000" if entry.kind == LINK else entry.git_mode
+                lines.append(f"M {mode} {dataref} {quote_path(entry.path)}\n".encode("utf-8", "surrogateescape"))
+            for path, data in sorted(files.items()):
+                lines.append(b"M 100644 inline %s\ndata %d\n" % (quote_path(path).encode(), len(data)))
+                lines.append(data + b"\n")
+            lines.append(b"\n")
+            self._write(b"".join(lines))
+            self._commits.append((ref, mark))
+        return mark
+
+    def finish(self) -> dict[int, str]:
+        """End the import; returns ``{mark: commit id}`` for the commits written."""
+        ids: dict[int, str] = {}
+        with self._lock:
+            for _, mark in self._commits:
+                self._write(b"get-mark :%d\n" % mark)
+                self._in.flush()
+                ids[mark] = self._out.readline().decode().strip()
+            self._write(b"done\n")
+            try:
+                self._in.close()
+            except OSError:
+                pass
+            if self.process.wait() != 0:
+                raise StoreError(f"git fast-import failed: {self._stderr()}")
+        self.results = ids
+        return ids
+
+    def abort(self) -> None:
+        """Kill the import: nothing it wrote becomes visible (its pack stays a tmp file)."""
+        self.process.kill()
+        self.process.wait()

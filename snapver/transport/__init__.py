@@ -1,0 +1,1 @@
+"""Transports: how snapver reaches a node (a local folder, or SSH)."""

@@ -1,0 +1,262 @@
+"""The Transport protocol: one agent per node, spoken to over one byte channel.
+
+A transport only knows how to start ``python -c <bootstrap>`` on its node and hand
+back the process's stdin/stdout; everything else (listing, hashing, streaming files,
+writing) is the same framed protocol for every transport (see ``agent.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import struct
+import time
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from snapver.config import NodeSpec
+from snapver.errors import RemotePathError, TransportError
+from snapver.model import FILE, LINK, DistInfo, NodeInfo, StatEntry, is_safe_relpath
+
+AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
+
+
+@dataclass
+class RawChannel:
+    """A started agent process: its stdin and stdout, and a way to end it."""
+
+    stdin: IO[bytes]
+    stdout: IO[bytes]
+    close: Any  # () -> str: ends the process, returns what it wrote on stderr
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A live tree as the node listed it; ``now_ns`` is the node's clock at the start."""
+
+    now_ns: int
+    entries: list[StatEntry]
+    hashed: int
+
+    def by_path(self) -> dict[str, StatEntry]:
+        return {entry.path: entry for entry in self.entries}
+
+
+def agent_command(python: str | None) -> str:
+    """The POSIX sh command that starts the agent, reading its source from stdin."""
+    code = f'import sys;exec(compile(sys.stdin.buffer.read({len(AGENT_SOURCE)}),"snapver-agent","exec"))'
+    if python:
+        return f"exec {shlex.quote(python)} -c {shlex.quote(code)}"
+    return (
+        'for p in python3 python; do command -v "$p" >/dev/null 2>&1 && '
+        f'exec "$p" -c {shlex.quote(code)}; done; '
+        'echo "snapver: no python3 or python on the node" >&2; exit 127'
+    )
+
+
+class Transport(ABC):
+    """A connection to one node's agent. Use as a context manager."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.info: NodeInfo | None = None
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self._channel: RawChannel | None = None
+
+    # -- what a concrete transport provides -------------------------------------
+    @abstractmethod
+    def _start(self, command: str) -> RawChannel:
+        """Run ``command`` with POSIX sh on the node; return its pipes."""
+
+    def _disconnect(self) -> None:
+        """Close whatever connection ``_start`` opened (nothing for a local folder)."""
+
+    # -- lifecycle ---------------------------------------------------------------
+    def open(self) -> NodeInfo:
+        """Connect, start the agent and learn the node's facts (python, site-packages)."""
+        self._channel = self._start(agent_command(self.spec.python))
+        try:
+            self._channel.stdin.write(AGENT_SOURCE)
+            self._channel.stdin.flush()
+        except OSError as exc:
+            raise self._dead(exc) from exc
+        reply = self.call("hello", paths=list(self.spec.paths))
+        self.info = NodeInfo(
+            hostname=reply["hostname"],
+            python_version=reply["python_version"],
+            python=reply["python"],
+            site_packages=reply["site_packages"],
+            dists=tuple(DistInfo(*dist) for dist in reply["dists"]),
+        )
+        return self.info
+
+    def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            try:
+                self._send({"op": "bye"})
+            except (OSError, TransportError):
+                pass
+            channel.close()
+        self._disconnect()
+
+    def __enter__(self) -> "Transport":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the protocol -----------------------------------------------------------
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one request and return its reply; an agent error becomes a TransportError."""
+        if op != "hello" or "site_packages" not in args:
+            args.setdefault("site_packages", self.spec.site_packages)
+        self._send({"op": op, **args})
+        return self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        reply = json.loads(self._recv_frame())
+        if "error" in reply:
+            error = RemotePathError if reply.get("kind") == "path" else TransportError
+            raise error(f"{self.spec.name}: {reply['error']}")
+        return reply
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._channel is None:
+            raise TransportError(f"{self.spec.name}: not connected")
+        data = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        try:
+            self._channel.stdin.write(struct.pack(">I", len(data)) + data)
+            self._channel.stdin.flush()
+        except OSError as exc:
+            raise self._dead(exc) from exc
+        self.bytes_sent += len(data) + 4
+
+    def send_stream(self, chunks: Iterator[bytes]) -> None:
+        """Send a run of frames ended by an empty one (for writes)."""
+        assert self._channel is not None
+        try:
+            for chunk in chunks:
+                if chunk:
+                    self._channel.stdin.write(struct.pack(">I", len(chunk)) + chunk)
+                    self.bytes_sent += len(chunk) + 4
+            self._channel.stdin.write(struct.pack(">I", 0))
+            self._channel.stdin.flush()
+        except OSError as exc:
+            raise self._dead(exc) from exc
+
+    def _recv_frame(self) -> bytes:
+        assert self._channel is not None
+        head = self._read_exact(4)
+        (size,) = struct.unpack(">I", head)
+        return self._read_exact(size) if size else b""
+
+    def _read_exact(self, size: int) -> bytes:
+        assert self._channel is not None
+        try:
+            data = self._channel.stdout.read(size)
+        except OSError as exc:
+            raise self._dead(exc) from exc
+        if data is None or len(data) != size:
+            raise self._dead(None)
+        self.bytes_received += size
+        return data
+
+    def _dead(self, exc: BaseException | None) -> TransportError:
+        """The agent went away: say why, with what it wrote on stderr."""
+        stderr = ""
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            try:
+                stderr = channel.close() or ""
+            except Exception:  # noqa: BLE001 - best effort while already failing
+                stderr = ""
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else (str(exc) if exc else "connection closed")
+        return TransportError(f"{self.spec.name}: agent ended unexpectedly: {detail}")
+
+    # -- operations every transport offers ---------------------------------------
+    def list_tree(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                  want_oids: bool = True) -> Listing:
+        """List the tracked tree; paths whose stat matches ``cache`` are not re-hashed."""
+        wire_cache = {path: [*entry.stat_key[:4], entry.mode, entry.oid]
+                      for path, entry in (cache or {}).items() if entry.kind == FILE}
+        reply = self.call("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
+                          cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids)
+        entries = []
+        for path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target in reply["entries"]:
+            if not is_safe_relpath(path) or kind not in (FILE, LINK):
+                raise TransportError(f"{self.spec.name}: refused unsafe path in listing: {path!r}")
+            entries.append(StatEntry(path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target))
+        return Listing(reply["now_ns"], entries, reply["hashed"])
+
+    def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
+        """Stream ``(path, kind or None if it vanished, content)`` for ``paths``, in order."""
+        self.call("read", paths=paths, compress_level=compress_level)
+        decompressor = zlib.decompressobj() if compress_level else None
+        buffer = bytearray()
+        wanted = set(paths)
+        finished = False
+
+        def fill(size: int) -> bool:
+            while len(buffer) < size:
+                frame = self._recv_frame()
+                if not frame:
+                    return False
+                buffer.extend(decompressor.decompress(frame) if decompressor else frame)
+            return True
+
+        try:
+            while True:
+                if not fill(4):
+                    raise TransportError(f"{self.spec.name}: file stream ended early")
+                (name_len,) = struct.unpack_from(">I", buffer)
+                if name_len == 0:
+                    del buffer[:4]
+                    finished = True
+                    break
+                if not fill(4 + name_len + 9):
+                    raise TransportError(f"{self.spec.name}: file stream ended early")
+                path = bytes(buffer[4:4 + name_len]).decode("utf-8", "surrogateescape")
+                kind_code, size = struct.unpack_from(">BQ", buffer, 4 + name_len)
+                del buffer[:4 + name_len + 9]
+                if not fill(size):
+                    raise TransportError(f"{self.spec.name}: file stream ended early")
+                data = bytes(buffer[:size])
+                del buffer[:size]
+                if path not in wanted:
+                    raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
+                yield path, {1: FILE, 2: LINK}.get(kind_code), data
+        finally:
+            if finished:
+                while self._recv_frame():  # the rest up to the stream's end
+                    pass
+            elif self._channel is not None:
+                # Abandoned mid-stream: the protocol is out of step, so end the agent.
+                channel, self._channel = self._channel, None
+                channel.close()
+
+    def ping(self) -> float:
+        """Seconds one request takes to come back: the link's round-trip time."""
+        began = time.monotonic()
+        self.call("ping")
+        return time.monotonic() - began
+
+    def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
+        """Hash ``paths`` on the node; ``None`` for a path that is not there."""
+        return self.call("hash", paths=paths, algo=algo)["hashes"]
+
+
+def open_transport(spec: NodeSpec) -> Transport:
+    """The transport for a node spec: a local folder or SSH (imported only when needed)."""
+    if spec.local:
+        from snapver.transport.local import LocalTransport
+
+        return LocalTransport(spec)
+    from snapver.transport.ssh import SshTransport
+
+    return SshTransport(spec)

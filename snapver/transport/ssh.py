@@ -1,0 +1,139 @@
+"""A node over SSH, through Fabric; the only module that imports fabric or paramiko.
+
+Fabric's Connection resolves ``~/.ssh/config`` (aliases, HostName, Port, User,
+IdentityFile) but trusts every unknown host key; here host keys are checked as
+OpenSSH does: known_hosts files are loaded, an unknown key is refused unless the
+policy is ``accept-new`` (which records it), and a changed key is always refused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from snapver.errors import HostKeyError, TransportError
+from snapver.transport.base import RawChannel, Transport
+
+# Large windows keep a single stream flowing at loopback and WAN speeds alike.
+WINDOW_SIZE = 64 << 20
+MAX_PACKET = 32768
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style SHA256 fingerprint of a host key."""
+    return key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()
+
+
+class _StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise HostKeyError(
+            f"host key for {hostname} is not known ({key.get_name()} {fingerprint(key)})",
+            hint="add it to known_hosts (ssh-keyscan), or set host_key_policy = \"accept-new\"",
+        )
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's ``StrictHostKeyChecking=accept-new``: record unknown keys, never replace."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with open(self.known_hosts, "a", encoding="ascii") as handle:
+            handle.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class SshTransport(Transport):
+    """The agent runs in the node's Python, over one SSH connection."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connection: Connection | None = None
+
+    def _connect(self) -> Connection:
+        spec = self.spec
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": spec.connect_timeout,
+            "auth_timeout": spec.connect_timeout,
+        }
+        if spec.identity_file:
+            connect_kwargs["key_filename"] = [spec.identity_file]
+        connection = Connection(host=spec.host, user=spec.user, port=spec.port, config=Config(),
+                                connect_timeout=max(1, int(round(spec.connect_timeout))),
+                                connect_kwargs=connect_kwargs)
+        client = connection.client
+        default_known_hosts = Path.home() / ".ssh" / "known_hosts"
+        known_files = [default_known_hosts]
+        configured = connection.ssh_config.get("userknownhostsfile")
+        if configured:
+            known_files += [Path(os.path.expanduser(p)) for p in configured.split()]
+        if spec.known_hosts:
+            known_files.append(Path(spec.known_hosts))
+        for known in known_files:
+            if known.is_file():
+                try:
+                    client.load_system_host_keys(str(known))
+                except (OSError, paramiko.SSHException) as exc:
+                    raise HostKeyError(f"{spec.name}: cannot read known_hosts {known}: {exc}") from exc
+        if spec.host_key_policy == "accept-new":
+            target = Path(spec.known_hosts) if spec.known_hosts else default_known_hosts
+            client.set_missing_host_key_policy(_AcceptNewPolicy(target))
+        else:
+            client.set_missing_host_key_policy(_StrictPolicy())
+        try:
+            connection.open()
+        except HostKeyError as exc:
+            raise HostKeyError(f"{spec.name}: {exc.message}", hint=exc.hint) from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"{spec.name}: host key for {exc.hostname} has CHANGED: got {exc.key.get_name()} "
+                f"{fingerprint(exc.key)}, expected {fingerprint(exc.expected_key)}",
+                hint="possible man-in-the-middle; if the node was reinstalled, remove the old key "
+                "with ssh-keygen -R",
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            raise TransportError(f"{spec.name}: authentication failed for {spec.address}: {exc}",
+                                 hint="check user and identity_file") from exc
+        except (socket.timeout, TimeoutError) as exc:
+            raise TransportError(f"{spec.name}: {spec.address} did not answer within "
+                                 f"{spec.connect_timeout:g} s") from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
+        return connection
+
+    def _start(self, command: str) -> RawChannel:
+        self._connection = self._connect()
+        try:
+            channel = self._connection.transport.open_session(window_size=WINDOW_SIZE,
+                                                              max_packet_size=MAX_PACKET)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.spec.name}: cannot start the agent: {exc}") from exc
+        stdin = channel.makefile_stdin("wb", -1)
+        stdout = channel.makefile("rb", -1)
+        stderr = channel.makefile_stderr("rb", -1)
+
+        def close() -> str:
+            try:
+                channel.shutdown_write()
+                channel.settimeout(5)
+                text = stderr.read().decode("utf-8", "replace")
+            except (OSError, paramiko.SSHException, EOFError):
+                text = ""
+            channel.close()
+            return text
+
+        return RawChannel(stdin, stdout, close)
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            connection.close()
