@@ -7,6 +7,7 @@ names that are not UTF-8 survive byte for byte (``os.fsencode`` gives the bytes 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -114,6 +115,7 @@ class Manifest:
 _ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r",
             '"': '"', "\\": "\\"}
 _UNESCAPES = {value: key for key, value in _ESCAPES.items()}
+_NEEDS_QUOTE = re.compile('[\\x00-\\x1f\\x7f"\\\\\\udc80-\\udcff]')
 
 
 def quote_path(path: str) -> str:
@@ -122,8 +124,7 @@ def quote_path(path: str) -> str:
     Bytes that are not UTF-8 (surrogate-escaped) and control characters become octal
     escapes; valid non-ASCII text is kept readable.
     """
-    if not any(ch in _ESCAPES or ord(ch) < 0x20 or ord(ch) == 0x7F
-               or 0xDC80 <= ord(ch) <= 0xDCFF for ch in path) and not path.startswith('"'):
+    if not _NEEDS_QUOTE.search(path) and not path.startswith('"'):
         return path
     out = ['"']
     for ch in path:

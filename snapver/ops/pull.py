@@ -107,11 +107,19 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
 def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
          on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
          on_node_done: Callable[[NodePull], None] | None = None) -> PullResult:
-    """Snapshot every node in ``specs`` (in parallel). Never changes a node."""
+    """Snapshot every node in ``specs`` (in parallel), holding the store lock. Never changes a node."""
+    with store.lock():
+        return pull_locked(store, specs, tag, message, on_plan, on_progress, on_node_done)
+
+
+def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
+                on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
+                on_node_done: Callable[[NodePull], None] | None = None) -> PullResult:
+    """`pull` for a caller that already holds the store lock (push records before/after)."""
     results = [NodePull(spec.name) for spec in specs]
     by_name = {r.node: r for r in results}
     workers = max(1, min(32, len(specs)))
-    with store.lock(), ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda pair: _list_node(store, *pair), zip(specs, results)))
         live = [r for r in results if r.ok]
         try:

@@ -199,35 +199,39 @@ class Transport(ABC):
         self.call("read", paths=paths, compress_level=compress_level)
         decompressor = zlib.decompressobj() if compress_level else None
         buffer = bytearray()
+        offset = 0  # consumed bytes at the front of buffer (compacted lazily)
         wanted = set(paths)
         finished = False
 
         def fill(size: int) -> bool:
-            while len(buffer) < size:
+            nonlocal buffer, offset
+            while len(buffer) - offset < size:
                 frame = self._recv_frame()
                 if not frame:
                     return False
-                buffer.extend(decompressor.decompress(frame) if decompressor else frame)
+                if offset:
+                    del buffer[:offset]
+                    offset = 0
+                buffer += decompressor.decompress(frame) if decompressor else frame
             return True
+
+        def take(size: int) -> bytes:
+            nonlocal offset
+            if not fill(size):
+                raise TransportError(f"{self.spec.name}: file stream ended early")
+            data = bytes(buffer[offset:offset + size])
+            offset += size
+            return data
 
         try:
             while True:
-                if not fill(4):
-                    raise TransportError(f"{self.spec.name}: file stream ended early")
-                (name_len,) = struct.unpack_from(">I", buffer)
+                (name_len,) = struct.unpack(">I", take(4))
                 if name_len == 0:
-                    del buffer[:4]
                     finished = True
                     break
-                if not fill(4 + name_len + 9):
-                    raise TransportError(f"{self.spec.name}: file stream ended early")
-                path = bytes(buffer[4:4 + name_len]).decode("utf-8", "surrogateescape")
-                kind_code, size = struct.unpack_from(">BQ", buffer, 4 + name_len)
-                del buffer[:4 + name_len + 9]
-                if not fill(size):
-                    raise TransportError(f"{self.spec.name}: file stream ended early")
-                data = bytes(buffer[:size])
-                del buffer[:size]
+                path = take(name_len).decode("utf-8", "surrogateescape")
+                kind_code, size = struct.unpack(">BQ", take(9))
+                data = take(size)
                 if path not in wanted:
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
                 yield path, {1: FILE, 2: LINK}.get(kind_code), data
