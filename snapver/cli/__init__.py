@@ -11,9 +11,15 @@ import typer
 from snapver.cli.app import STATE, app
 from snapver.errors import SnapverError
 
-# Each module registers its commands on ``app``; ops are imported inside the commands.
-from snapver.cli import store_cmds as _store_cmds  # noqa: E402,F401
-from snapver.cli import pull as _pull  # noqa: E402,F401
+import importlib
+import pkgutil
+
+# Every other module in this package registers its commands on ``app`` when imported;
+# operations are imported inside the commands, so `--help` stays fast.
+_NOT_COMMANDS = {"app", "render", "options"}
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module not in _NOT_COMMANDS:
+        importlib.import_module(f"{__name__}.{_module}")
 
 
 
