@@ -1,0 +1,231 @@
+"""Shared helpers for the benchmarks in ``bench/`` (not a test suite).
+
+A benchmark starts its own OpenSSH server on loopback (the same server the test
+fixture starts: ``tests/conftest.py``), builds nodes from the real sglang wheel,
+times its cases *interleaved* (one run of each case per round, so drift in the
+machine's load hits every case alike) and prints medians and ratios.
+
+Typical use::
+
+    with bench_env() as env:                      # sshd + scratch folder + HOME
+        site = env.build_node("ct200")            # the wheel unpacked: a node's site-packages
+        timings = interleave([Case("snapver", run=...), Case("rsync -a", run=...)], runs=5)
+        print_table("first pull", timings, ratios={"snapver": "rsync -a"})
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS_DIR = REPO_ROOT / "tests"
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+# The fixture's own sshd and wheel code, so the benchmark measures the same setup the tests use.
+import conftest as fixtures  # noqa: E402
+from helpers import Sshd, toml_dumps  # noqa: E402
+
+__all__ = ["BenchEnv", "Case", "bench_env", "find_wheel", "interleave", "median", "print_table", "run"]
+
+
+@dataclass
+class Case:
+    """One thing to time: ``setup(round)`` runs untimed before each ``run(round)``."""
+
+    name: str
+    run: Callable[[int], Any]
+    setup: Callable[[int], Any] | None = None
+
+
+@dataclass
+class BenchEnv:
+    """A running sshd, a scratch folder and an isolated HOME for one benchmark."""
+
+    sshd: Sshd
+    work: Path
+    home: Path
+    wheel: Path
+    _built: list[Path] = field(default_factory=list)
+
+    # -- nodes --------------------------------------------------------------------
+    def build_node(self, name: str) -> Path:
+        """Unpack the sglang wheel (modes kept) as ``work/nodes/NAME/site-packages``."""
+        site_packages = self.work / "nodes" / name / "site-packages"
+        site_packages.mkdir(parents=True)
+        fixtures._unpack_wheel(self.wheel, site_packages)
+        return site_packages
+
+    def node_table(self, name: str, site_packages: Path, **extra: Any) -> dict[str, Any]:
+        """A ``[nodes.NAME]`` table reaching ``name``'s loopback address through the sshd."""
+        return {
+            "host": self.sshd.addresses[name],
+            "port": self.sshd.port,
+            "user": "root",
+            "site_packages": str(site_packages),
+            "identity_file": str(self.sshd.identity_file),
+            "known_hosts": str(self.sshd.known_hosts),
+            "host_key_policy": "strict",
+            "connect_timeout": 10,
+            **extra,
+        }
+
+    def write_config(self, folder: Path, nodes: Mapping[str, Mapping[str, Any]],
+                     store: str = "snapshots") -> Path:
+        """Write ``folder/.snapver`` naming ``nodes`` and a store beside it."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / ".snapver"
+        path.write_text(toml_dumps({"store": {"path": store}, "nodes": dict(nodes)}), encoding="utf-8")
+        return path
+
+    # -- commands -------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The environment every timed command runs in: isolated HOME, the working tree first."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("GIT_", "SNAPVER_")) and k != "SSH_AUTH_SOCK"}
+        env.update(HOME=str(self.home), XDG_CONFIG_HOME=str(self.home / ".config"),
+                   GIT_CONFIG_NOSYSTEM="1", NO_COLOR="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+        return env
+
+    def snapver(self, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        """Run ``python -m snapver ARGS`` (this checkout) in ``cwd``."""
+        return run([sys.executable, "-m", "snapver", *args], cwd=cwd, env=self.env(), check=check)
+
+    def ssh_e(self) -> str:
+        """The ``-e`` argument for rsync (and the options for scp/ssh): key, port, known_hosts only."""
+        return " ".join(["ssh", *self.ssh_options()])
+
+    def ssh_options(self, port_flag: str = "-p") -> list[str]:
+        """OpenSSH client options that read nothing of the developer's ``~/.ssh``."""
+        return ["-F", "/dev/null", "-i", str(self.sshd.identity_file), port_flag, str(self.sshd.port),
+                "-o", f"UserKnownHostsFile={self.sshd.known_hosts}", "-o", "IdentitiesOnly=yes",
+                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "BatchMode=yes"]
+
+    def scp(self, *args: str) -> list[str]:
+        """An ``scp`` command line with the same options (scp spells the port ``-P``)."""
+        return ["scp", *self.ssh_options("-P"), *args]
+
+    def remote(self, name: str, path: Path | str) -> str:
+        """``root@ADDRESS:PATH`` for node ``name``."""
+        return f"root@{self.sshd.addresses[name]}:{path}"
+
+
+def run(command: Sequence[str], check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    """Run a command with no stdin, capture its output, fail loudly (with it) if asked."""
+    completed = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, **kwargs)
+    if check and completed.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(map(str, command))} exited {completed.returncode}:\n"
+            f"{completed.stdout.decode(errors='replace')}{completed.stderr.decode(errors='replace')}")
+    return completed
+
+
+def find_wheel() -> Path:
+    """The sglang wheel in ``../shared/fixtures`` (beside the repo)."""
+    wheels = sorted(fixtures.FIXTURES_DIR.glob("sglang-*.whl"))
+    if not wheels:
+        raise SystemExit(f"no sglang wheel in {fixtures.FIXTURES_DIR}")
+    return wheels[-1]
+
+
+@contextmanager
+def bench_env(keep: bool = False) -> Iterator[BenchEnv]:
+    """Start sshd on loopback (random port, own keys) in a scratch folder; stop and delete on exit."""
+    if not os.access(fixtures.SSHD_BINARY, os.X_OK):
+        raise SystemExit(f"{fixtures.SSHD_BINARY} is missing: run `bash scripts/test.sh` once to install it")
+    scratch = Path(tempfile.mkdtemp(prefix="snapver-bench-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        folder = scratch / "sshd"
+        folder.mkdir()
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        fixtures._keygen(folder / "host_ed25519", "snapver-bench-host")
+        fixtures._keygen(folder / "user_ed25519", "snapver-bench-user")
+        (folder / "authorized_keys").write_text((folder / "user_ed25519.pub").read_text())
+        host_key = " ".join((folder / "host_ed25519.pub").read_text().split()[:2])
+        why = ""
+        for _attempt in range(5):
+            port = fixtures._free_port()
+            processes, why = fixtures._start_sshd(folder, port)
+            if processes:
+                break
+        else:
+            raise SystemExit(f"could not start sshd: {why}\n{(folder / 'sshd.log').read_text()}")
+        known_hosts = folder / "known_hosts"
+        known_hosts.write_text("".join(f"[{a}]:{port} {host_key}\n" for a in fixtures.NODE_ADDRESSES.values()))
+        sshd = Sshd(port=port, identity_file=folder / "user_ed25519", known_hosts=known_hosts,
+                    host_public_key=host_key, addresses=dict(fixtures.NODE_ADDRESSES), dir=folder)
+        home = scratch / "home"
+        home.mkdir()
+        work = scratch / "work"
+        work.mkdir()
+        yield BenchEnv(sshd=sshd, work=work, home=home, wheel=find_wheel())
+    finally:
+        fixtures._stop(processes)
+        if keep:
+            print(f"kept {scratch}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def interleave(cases: Sequence[Case], runs: int, warmup: int = 1,
+               progress: bool = True) -> dict[str, list[float]]:
+    """Time every case ``runs`` times, one of each per round; ``warmup`` rounds are not kept.
+
+    Returns ``{case name: [seconds per kept round]}``.
+    """
+    timings: dict[str, list[float]] = {case.name: [] for case in cases}
+    for round_index in range(warmup + runs):
+        for case in cases:
+            if case.setup is not None:
+                case.setup(round_index)
+            began = time.perf_counter()
+            case.run(round_index)
+            elapsed = time.perf_counter() - began
+            if round_index >= warmup:
+                timings[case.name].append(elapsed)
+        if progress:
+            kept = "warm-up" if round_index < warmup else f"run {round_index - warmup + 1}/{runs}"
+            line = ", ".join(f"{case.name} {timings[case.name][-1]:.3f}s" if timings[case.name]
+                             and round_index >= warmup else case.name for case in cases)
+            print(f"  {kept}: {line}", file=sys.stderr, flush=True)
+    return timings
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(title: str, timings: Mapping[str, Sequence[float]],
+                ratios: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Print one table: case, runs, median, min, max, and ``case / reference`` for each pair in ``ratios``.
+
+    Returns ``{"A / B": median ratio}`` for the pairs asked.
+    """
+    ratios = ratios or {}
+    width = max([len(name) for name in timings] + [4])
+    print(f"\n{title}")
+    print(f"  {'case':<{width}}  runs  median s   min s    max s   ratio")
+    found: dict[str, float] = {}
+    for name, values in timings.items():
+        reference = ratios.get(name)
+        ratio = ""
+        if reference is not None:
+            value = median(values) / median(timings[reference])
+            found[f"{name} / {reference}"] = value
+            ratio = f"{value:.2f}x {reference}"
+        print(f"  {name:<{width}}  {len(values):>4}  {median(values):>8.3f} {min(values):>7.3f}  "
+              f"{max(values):>7.3f}   {ratio}")
+    return found
