@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import threading
-import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,12 +26,11 @@ from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, Entry, Manifest, quote_path
 from snapver.store import refs
 from snapver.store.lock import store_lock
+from snapver.store.pack import PackWriter
 
 META_PREFIX = "snapver-meta: "
 IDENTITY = "snapver <snapver@localhost>"
-# zlib level for new loose objects: 0 (stored) because level 1 runs at ~30 MB/s here and
-# would dominate a first pull; `git gc` (run off the pull's path) compresses them later.
-LOOSE_LEVEL = 0
+
 
 
 def blob_oid(data: bytes) -> str:
@@ -273,22 +270,18 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
 
 
 class Importer:
-    """Writes blobs as loose objects (in parallel), then commits through ``git fast-import``.
+    """Writes new blobs into one pack (``store/pack.py``), then commits with ``git fast-import``.
 
-    Loose objects are written to a temporary name and linked into place, as git does,
-    so a reader never sees half an object; no ref names them until ``finish``, so a
-    write that dies leaves only unreferenced objects that ``git gc`` drops. Blobs are
-    compressed by Python's zlib in threads (it releases the GIL) because fast-import
-    hashes and packs on one core, which made it the slowest step of a first pull.
+    Nothing is visible until ``finish``: the pack's index is renamed into place only
+    once the pack is complete, and refs move only when fast-import ends cleanly. A write
+    that dies leaves at most a temporary pack file, never a ref to missing objects.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._written: set[str] = set()
-        self._pending: list[Future[None]] = []
-        self._pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="snapver-blob")
-        self._objects = store.path / "objects"
+        self._pack = PackWriter(store.path / "objects")
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
         self.results: dict[int, str] = {}
 
@@ -300,37 +293,13 @@ class Importer:
         """Write a blob (once per content) and return its git id."""
         oid = oid or blob_oid(data)
         with self._lock:
-            if oid in self._written:
-                return oid
-            self._written.add(oid)
-            self._pending.append(self._pool.submit(self._write_loose, oid, data))
+            if oid not in self._written:
+                try:
+                    self._pack.add(oid, data)
+                except OSError as exc:
+                    raise StoreError(f"cannot write to the store: {exc}") from exc
+                self._written.add(oid)
         return oid
-
-    def _write_loose(self, oid: str, data: bytes) -> None:
-        folder = self._objects / oid[:2]
-        final = folder / oid[2:]
-        if final.exists():
-            return
-        compressed = zlib.compress(b"blob %d\0" % len(data) + data, LOOSE_LEVEL)
-        tmp = folder / f"tmp_obj_{oid[2:]}_{os.getpid()}_{threading.get_ident()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
-        except FileNotFoundError:
-            folder.mkdir(exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
-        with open(fd, "wb") as handle:
-            handle.write(compressed)
-        # Same id, same bytes: replacing an object another writer just made is harmless.
-        os.replace(tmp, final)
-
-    def _drain(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for future in pending:
-            try:
-                future.result()
-            except OSError as exc:
-                raise StoreError(f"cannot write to the store: {exc}") from exc
 
     def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
                when: datetime, extra_files: dict[str, bytes] | None = None) -> int:
@@ -343,9 +312,12 @@ class Importer:
             return len(self._commits)
 
     def finish(self) -> dict[int, str]:
-        """Write the queued commits and move their refs; returns ``{mark: commit id}``."""
-        self._drain()
-        self._pool.shutdown()
+        """Make the blobs visible, write the queued commits, move their refs."""
+        try:
+            self._pack.finish()
+        except OSError as exc:
+            self._pack.abort()
+            raise StoreError(f"cannot write to the store: {exc}") from exc
         if not self._commits:
             return self.results
         stream = [b"feature done\n"]
@@ -367,8 +339,8 @@ class Importer:
         return self.results
 
     def abort(self) -> None:
-        """Stop writing: objects already written stay unreferenced, no ref moves."""
-        self._pool.shutdown(cancel_futures=True)
+        """Drop everything written: no pack, no ref moves."""
+        self._pack.abort()
 
 
 def _commit_command(mark: int, ref: str, parent: str | None, manifest: Manifest, message: str,

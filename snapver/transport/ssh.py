@@ -19,9 +19,21 @@ from fabric import Config, Connection
 from snapver.errors import HostKeyError, TransportError
 from snapver.transport.base import RawChannel, Transport
 
-# Large windows keep a single stream flowing at loopback and WAN speeds alike.
+# Large windows keep a single stream flowing at loopback and WAN speeds alike; large
+# packets cut paramiko's per-packet Python cost (32 KiB: ~40 MB/s here, 256 KiB: ~150+).
 WINDOW_SIZE = 64 << 20
-MAX_PACKET = 32768
+MAX_PACKET = 256 << 10
+# AES-GCM first: one pass instead of AES-CTR plus a separate HMAC (~1.5x here).
+FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """A paramiko Transport that prefers the cheapest ciphers the server also offers."""
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    offered = tuple(options.ciphers)
+    options.ciphers = tuple(c for c in FAST_CIPHERS if c in offered) + tuple(c for c in offered if c not in FAST_CIPHERS)
+    return transport
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -63,6 +75,7 @@ class SshTransport(Transport):
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": spec.connect_timeout,
             "auth_timeout": spec.connect_timeout,
+            "transport_factory": _fast_transport,
         }
         if spec.identity_file:
             connect_kwargs["key_filename"] = [spec.identity_file]
