@@ -12,7 +12,10 @@ from snapver.cli.app import STATE
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, no_color=not STATE.color, highlight=False, soft_wrap=True)
+    """A console for stdout or stderr; off a terminal, lines are never wrapped or cut."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 400
+    return Console(stderr=stderr, no_color=not STATE.color, highlight=False, soft_wrap=True, width=width)
 
 
 def emit_json(document: Any) -> None:
