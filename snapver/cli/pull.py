@@ -42,20 +42,17 @@ def pull(
             err.print(summary_line(result)) if result.error else out.print(summary_line(result))
 
     if show_bar:
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
-                                   TextColumn, TimeRemainingColumn)
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("pulling"), BarColumn(), MofNCompleteColumn(), DownloadColumn(),
-                      TimeRemainingColumn(), console=err, transient=True) as bar:
-            files_task = bar.add_task("files", total=None)
-            bytes_seen = [0, 0]
+        with Progress(TextColumn("pulling {task.fields[files]}/{task.fields[total_files]} files"), BarColumn(),
+                      DownloadColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("pull", total=None, files=0, total_files="?")
 
             def plan(files: int, size: int) -> None:
-                bar.update(files_task, total=files)
-                bytes_seen[1] = size
+                bar.update(task, total=size, total_files=files)
 
             def progress(files: int, size: int) -> None:
-                bar.advance(files_task, files)
+                bar.update(task, advance=size, files=bar.tasks[0].fields["files"] + files)
 
             result = pull_nodes(store, specs, tag, message, on_plan=plan, on_progress=progress,
                                 on_node_done=done)
