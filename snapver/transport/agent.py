@@ -337,11 +337,287 @@ def op_hash(channel, request):
     channel.send({"hashes": result})
 
 
+# -- writing (push and rollback) ---------------------------------------------------------
+# A write never follows a symlink below site-packages and never leaves the tracked paths:
+# every component is lstat'ed, each file goes to a temporary file in its own folder and is
+# renamed over the old one (uv installs hard-link files into a shared cache: writing in
+# place would change the cache and every other venv linked to it).
+
+_WRITE_RESULT = {}
+
+
+def safe_target(site, rel, tracked):
+    """The full path of ``rel``, refusing '..', absolute paths, paths outside the tracked
+    paths and paths whose parent folders pass through a symlink."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise AgentError("%s: unsafe path (absolute, empty or '..')" % rel, "unsafe")
+    if not any(rel.startswith(t.strip("/") + "/") for t in tracked):
+        raise AgentError("%s: outside the tracked paths %s" % (rel, ", ".join(tracked)), "unsafe")
+    current = site
+    for part in parts[:-1]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            break  # the rest will be created
+        if stat.S_ISLNK(st.st_mode):
+            raise AgentError("%s: passes through the symlink %s" % (rel, current), "unsafe")
+        if not stat.S_ISDIR(st.st_mode):
+            raise AgentError("%s: %s is not a folder" % (rel, current), "unsafe")
+    return os.path.join(site, rel)
+
+
+def path_state(full):
+    """[kind, git blob id, st_mode] of a path, without following a symlink; None if absent."""
+    try:
+        st = os.lstat(full)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return ["l", blob_id(fs(os.readlink(full))), st.st_mode]
+    if stat.S_ISREG(st.st_mode):
+        data, st = read_stable(full, st)
+        return ["f", blob_id(data), st.st_mode]
+    return ["other", None, st.st_mode]
+
+
+def _roots_of(site, files, tracked):
+    for root in tracked:
+        if any(rel.startswith(root.strip("/") + "/") for rel in files):
+            check_tracked_root(site, root.strip("/"))
+
+
+def op_check(channel, request):
+    """The current state of the given paths; unsafe ones are reported, never opened."""
+    site = site_packages_of(request.get("site_packages"))
+    tracked = request["tracked"]
+    _roots_of(site, request["files"], tracked)
+    states, unsafe = {}, {}
+    for rel in request["files"]:
+        try:
+            states[rel] = path_state(safe_target(site, rel, tracked))
+        except AgentError as exc:
+            unsafe[rel] = str(exc)
+    channel.send({"states": states, "unsafe": unsafe})
+
+
+def _recv_stream(channel):
+    chunks = []
+    while True:
+        frame = channel.recv_frame()
+        if not frame:
+            return b"".join(chunks)
+        chunks.append(frame)
+
+
+def _make_parents(site, full):
+    """Create missing folders (owned like their parent when running as root)."""
+    folder = os.path.dirname(full)
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    parent_st = os.lstat(folder)
+    for folder in reversed(missing):
+        os.mkdir(folder, 0o755)
+        if os.geteuid() == 0:
+            os.lchown(folder, parent_st.st_uid, parent_st.st_gid)
+
+
+def _replace(full, kind, mode, data):
+    """Write ``data`` beside ``full`` and rename it over: atomic, keeps owner (and mode if None)."""
+    import tempfile
+
+    folder, name = os.path.split(full)
+    try:
+        old = os.lstat(full)
+    except FileNotFoundError:
+        old = None
+    owner = (old.st_uid, old.st_gid) if old is not None else None
+    if owner is None and os.geteuid() == 0:
+        parent = os.lstat(folder)
+        owner = (parent.st_uid, parent.st_gid)
+    if kind == "l":
+        tmp = os.path.join(folder, ".snapver-%d-%s.tmp" % (os.getpid(), os.urandom(6).hex()))
+        os.symlink(data, fs(tmp))
+        try:
+            if owner is not None and owner != (os.geteuid(), os.getegid()):
+                os.lchown(tmp, owner[0], owner[1])
+            os.rename(tmp, full)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return
+    if mode is None:
+        mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=".snapver-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if owner is not None and owner != (os.geteuid(), os.getegid()):
+                os.fchown(handle.fileno(), owner[0], owner[1])
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.rename(tmp, full)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove_stale_bytecode(full):
+    """Remove ``__pycache__/<module>.<tag>[.opt-N].pyc`` of the module ``full`` (a .py file)."""
+    import re
+
+    folder, name = os.path.split(full)
+    cache = os.path.join(folder, "__pycache__")
+    try:
+        if not stat.S_ISDIR(os.lstat(cache).st_mode):
+            return []
+        names = os.listdir(cache)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    pattern = re.compile(re.escape(name[:-3]) + r"\.[^.]+(\.opt-[0-9]+)?\.pyc\Z")
+    removed = []
+    for entry in names:
+        if pattern.match(entry):
+            os.unlink(os.path.join(cache, entry))
+            removed.append(entry)
+    return removed
+
+
+def _prune_empty(site, full, tracked):
+    """After a deletion, remove folders it left empty (an emptied __pycache__ too), up to
+    the tracked root."""
+    roots = set(os.path.join(site, t.strip("/")) for t in tracked)
+    folder = os.path.dirname(full)
+    cache = os.path.join(folder, "__pycache__")
+    try:
+        if stat.S_ISDIR(os.lstat(cache).st_mode) and not os.listdir(cache):
+            os.rmdir(cache)
+    except OSError:
+        pass
+    while folder not in roots and folder.startswith(site + "/"):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        folder = os.path.dirname(folder)
+
+
+def op_write(channel, request):
+    """Write files atomically after checking every one is as the client expects.
+
+    ``files``: [path, kind ("f", "l" or None to delete), mode (permission bits, or None to
+    keep the current ones), expected [kind, blob id] or None for absent]. Nothing is
+    written unless every expectation holds (reply ``conflicts``) and every path is safe
+    (reply ``unsafe``); else the reply is ``ok`` and one stream per file with content
+    follows. ``write_done`` returns what was written, re-hashed from disk.
+    """
+    site = site_packages_of(request.get("site_packages"))
+    tracked = request["tracked"]
+    files = request["files"]
+    _WRITE_RESULT.clear()
+    _roots_of(site, [f[0] for f in files], tracked)
+    targets, unsafe, conflicts = [], {}, {}
+    for rel, kind, mode, expect in files:
+        try:
+            full = safe_target(site, rel, tracked)
+        except AgentError as exc:
+            unsafe[rel] = str(exc)
+            continue
+        state = path_state(full)
+        if (state[:2] if state else None) != expect:
+            conflicts[rel] = state
+        targets.append((rel, full, kind, mode))
+    if unsafe or conflicts:
+        channel.send({"unsafe": unsafe, "conflicts": conflicts})
+        return
+    channel.send({"ok": True})
+    written, deleted, bytecode, error = [], [], [], None
+    folders = set()
+    for rel, full, kind, mode in targets:
+        try:
+            data = _recv_stream(channel) if kind else None
+        except EOFError:
+            return  # the client went away mid-push: stop here, as a killed push would
+        if error is not None:
+            continue  # drain the rest of the streams, write nothing more
+        try:
+            if kind:
+                _make_parents(site, full)
+                _replace(full, kind, mode, data)
+                written.append(rel)
+            else:
+                if os.path.lexists(full):
+                    os.unlink(full)
+                deleted.append(rel)
+            folders.add(os.path.dirname(full))
+            if rel.endswith(".py"):
+                bytecode += [os.path.dirname(rel) + "/__pycache__/" + n for n in remove_stale_bytecode(full)]
+            if not kind:
+                _prune_empty(site, full, tracked)
+        except OSError as exc:
+            error = "%s: %s" % (rel, exc.strerror or exc)
+    for folder in folders:
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    _WRITE_RESULT.update({"written": dict((rel, path_state(os.path.join(site, rel))) for rel in written),
+                          "deleted": dict((rel, path_state(os.path.join(site, rel))) for rel in deleted),
+                          "bytecode_removed": bytecode, "failure": error})
+
+
+def op_write_done(channel, request):
+    """What the last ``write`` did: each written path re-hashed from disk, deletions, bytecode."""
+    channel.send(dict(_WRITE_RESULT) or {"written": {}, "deleted": {}, "bytecode_removed": [], "failure": None})
+
+
+def op_run(channel, request):
+    """Run ``sh -c COMMAND`` on the node (a health check), with the deployment's python first
+    on PATH; returns its exit code and the tail of its output."""
+    import subprocess
+
+    site = site_packages_of(request.get("site_packages"))
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+    env["SNAPVER_PYTHON"] = sys.executable
+    env["SNAPVER_SITE_PACKAGES"] = site
+    timeout = float(request.get("timeout") or 300)
+    process = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(process.pid, 9)
+        except OSError:
+            pass
+        output, _ = process.communicate()
+    channel.send({"code": process.returncode, "timed_out": timed_out,
+                  "output": output[-4000:].decode("utf-8", "replace")})
+
+
 def op_ping(channel, request):
     channel.send({"pong": True})
 
 
-OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash}
+OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
+       "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run}
 
 
 def serve(channel):
