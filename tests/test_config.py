@@ -1,0 +1,205 @@
+"""`.snapver`: discovery, `[defaults]` inheritance, groups, and refusals that name file, key and reason."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from snapver.config import load_config
+from snapver.errors import ConfigError, UsageError
+
+
+def _node(**extra: object) -> dict[str, object]:
+    return {"host": "10.0.0.1", "site_packages": "/sp", **extra}
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_found_in_cwd_then_nearest_parent(write_config, tmp_path: Path, monkeypatch) -> None:
+    top = write_config({"top": _node()}, where=tmp_path / "proj")
+    deep = tmp_path / "proj" / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    config = load_config()
+    assert config.path == top.resolve()
+    assert list(config.nodes) == ["top"]
+
+    nearer = write_config({"near": _node()}, where=tmp_path / "proj" / "a")
+    assert load_config().path == nearer.resolve()
+
+
+def test_explicit_beats_environment_beats_discovery(write_config, tmp_path: Path, monkeypatch) -> None:
+    write_config({"here": _node()})
+    from_env = write_config({"env": _node()}, where=tmp_path / "env.toml")
+    explicit = write_config({"explicit": _node()}, where=tmp_path / "explicit.toml")
+    assert list(load_config().nodes) == ["here"]
+    monkeypatch.setenv("SNAPVER_CONFIG", str(from_env))
+    assert list(load_config().nodes) == ["env"]
+    assert list(load_config(str(explicit)).nodes) == ["explicit"]
+
+
+def test_missing_explicit_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(tmp_path / "nope.toml"))
+    assert str(tmp_path / "nope.toml") in caught.value.message
+    assert caught.value.exit_code == 2
+
+
+def test_no_config_anywhere_is_the_embedded_local_default(tmp_path: Path) -> None:
+    config = load_config(cwd=tmp_path / "work")
+    assert config.path is None
+    assert config.store_path == tmp_path / "work" / "snapshots"
+    (node,) = config.nodes.values()
+    assert node.name == "local" and node.local
+    assert node.site_packages == sysconfig.get_paths()["purelib"]
+    assert node.python == sys.executable
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_defaults_are_inherited_and_overridden(write_config, tmp_path: Path) -> None:
+    defaults = {
+        "user": "deploy", "port": 2222, "paths": ["sglang/srt", "sglang/lang/"],
+        "exclude": ["*.so"], "identity_file": "~/.ssh/k", "known_hosts": "~/kh",
+        "host_key_policy": "accept-new", "connect_timeout": 2.5,
+    }
+    nodes = {
+        "a": _node(),
+        "b": _node(user="root", port=22, paths=["x"], exclude=[], host_key_policy="strict",
+                   connect_timeout=7, identity_file="/abs/key"),
+        "c": {"local": True, "python": "/opt/venv/bin/python"},
+    }
+    config = load_config(str(write_config(nodes, defaults=defaults)))
+    home = Path.home()
+    a, b, c = config.nodes["a"], config.nodes["b"], config.nodes["c"]
+    assert (a.user, a.port, a.paths, a.exclude) == ("deploy", 2222, ("sglang/srt", "sglang/lang"), ("*.so",))
+    assert (a.identity_file, a.known_hosts) == (str(home / ".ssh/k"), str(home / "kh"))
+    assert (a.host_key_policy, a.connect_timeout) == ("accept-new", 2.5)
+    assert (b.user, b.port, b.paths, b.exclude) == ("root", 22, ("x",), ())
+    assert (b.host_key_policy, b.connect_timeout, b.identity_file) == ("strict", 7.0, "/abs/key")
+    assert c.local and c.python == "/opt/venv/bin/python" and c.site_packages is None
+    assert a.address == "deploy@10.0.0.1:2222" and c.address == "local"
+
+
+def test_builtin_defaults(write_config) -> None:
+    node = load_config(str(write_config({"n": _node()}))).nodes["n"]
+    assert node.paths == ("sglang/srt",)
+    assert node.exclude == ("__pycache__/", "*.pyc")
+    assert node.host_key_policy == "strict"
+    assert node.connect_timeout == 10
+    assert node.port is None and node.user is None and not node.local
+
+
+def test_store_path_is_relative_to_the_config_file(write_config, tmp_path: Path) -> None:
+    path = write_config({"n": _node()}, store="data/store", where=tmp_path / "proj")
+    assert load_config(str(path)).store_path == (tmp_path / "proj" / "data" / "store").resolve()
+    path = write_config({"n": _node()}, store="/abs/store", where=tmp_path / "abs.toml")
+    assert load_config(str(path)).store_path == Path("/abs/store")
+    path = write_config({"n": _node()}, store="~/s", where=tmp_path / "home.toml")
+    assert load_config(str(path)).store_path == Path.home() / "s"
+    path = write_config({"n": _node()}, store=None, where=tmp_path / "none")
+    assert load_config(str(path)).store_path == (tmp_path / "none" / "snapshots").resolve()
+
+
+# --------------------------------------------------------------------------- groups and selection
+
+
+def test_select_expands_groups_in_order_without_repeats(write_config) -> None:
+    nodes = {name: _node() for name in ("ct200", "ct129", "fleet00")}
+    groups = {"tp8": ["ct200", "ct129"], "all3": ["fleet00", "ct129", "ct200"]}
+    config = load_config(str(write_config(nodes, groups=groups)))
+    assert config.groups == {"tp8": ("ct200", "ct129"), "all3": ("fleet00", "ct129", "ct200")}
+    assert [s.name for s in config.select(["tp8"])] == ["ct200", "ct129"]
+    assert [s.name for s in config.select(["fleet00", "tp8", "ct200"])] == ["fleet00", "ct200", "ct129"]
+    assert [s.name for s in config.select(["all3"])] == ["fleet00", "ct129", "ct200"]
+    assert [s.name for s in config.select([], all_nodes=True)] == ["ct200", "ct129", "fleet00"]
+
+
+def test_unknown_name_lists_the_known_nodes_and_groups(write_config) -> None:
+    config = load_config(str(write_config({"ct200": _node(), "ct129": _node()}, groups={"tp8": ["ct200"]})))
+    with pytest.raises(UsageError) as caught:
+        config.select(["ct201"])
+    assert caught.value.exit_code == 2
+    assert "ct201" in caught.value.message
+    assert all(name in str(caught.value) for name in ("ct200", "ct129", "tp8"))
+    with pytest.raises(UsageError) as caught:
+        config.node("nope")
+    assert "ct129" in str(caught.value) and "ct200" in str(caught.value)
+
+
+def test_no_name_needs_exactly_one_node(write_config, tmp_path: Path) -> None:
+    one = load_config(str(write_config({"only": _node()}, where=tmp_path / "one")))
+    assert [s.name for s in one.select([])] == ["only"]
+    two = load_config(str(write_config({"a": _node(), "b": _node()}, where=tmp_path / "two")))
+    with pytest.raises(UsageError) as caught:
+        two.select([])
+    assert "--all" in caught.value.message and "a, b" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- refusals
+
+BAD_CONFIGS = [
+    # (id, nodes, groups, defaults, the key the error must name, a word of the reason)
+    ("unknown-node-key", {"n": _node(hots="x")}, None, None, "nodes.n.hots", "unknown key"),
+    ("unknown-default-key", {"n": _node()}, None, {"colour": "red"}, "defaults.colour", "unknown key"),
+    ("host-in-defaults", {"n": _node()}, None, {"host": "h"}, "defaults.host", "unknown key"),
+    ("port-as-string", {"n": _node(port="22")}, None, None, "nodes.n.port", "integer"),
+    ("port-as-bool", {"n": _node(port=True)}, None, None, "nodes.n.port", "integer"),
+    ("port-range", {"n": _node(port=70000)}, None, None, "nodes.n.port", "1-65535"),
+    ("paths-not-list", {"n": _node(paths="sglang/srt")}, None, None, "nodes.n.paths", "list"),
+    ("exclude-not-strings", {"n": _node(exclude=[1])}, None, None, "nodes.n.exclude", "list"),
+    ("local-not-bool", {"n": {"local": "yes", "site_packages": "/sp"}}, None, None, "nodes.n.local", "true or false"),
+    ("timeout-string", {"n": _node()}, None, {"connect_timeout": "10s"}, "defaults.connect_timeout", "seconds"),
+    ("timeout-zero", {"n": _node(connect_timeout=0)}, None, None, "nodes.n.connect_timeout", "positive"),
+    ("no-site-packages", {"n": {"host": "h"}}, None, None, "nodes.n", "site_packages or python"),
+    ("no-host", {"n": {"site_packages": "/sp"}}, None, None, "nodes.n.host", "missing"),
+    ("bad-policy", {"n": _node(host_key_policy="yes")}, None, None, "nodes.n.host_key_policy", "accept-new"),
+    ("absolute-path", {"n": _node(paths=["/etc"])}, None, None, "nodes.n.paths", "relative"),
+    ("dotdot-path", {"n": _node(paths=["sglang/../.."])}, None, None, "nodes.n.paths", "relative"),
+    ("group-unknown-node", {"n": _node()}, {"tp8": ["n", "ghost"]}, None, "groups.tp8", "ghost"),
+    ("group-not-list", {"n": _node()}, {"tp8": "n"}, None, "groups.tp8", "list"),
+    ("group-named-like-node", {"n": _node()}, {"n": ["n"]}, None, "groups.n", "share"),
+    ("bad-node-name", {"a b": _node()}, None, None, "nodes.a b", "node name"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "groups", "defaults", "key", "reason"),
+                         [case[1:] for case in BAD_CONFIGS], ids=[case[0] for case in BAD_CONFIGS])
+def test_bad_config_names_file_key_and_reason(write_config, nodes, groups, defaults, key, reason) -> None:
+    path = write_config(nodes, groups=groups, defaults=defaults)
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    message = caught.value.message
+    assert caught.value.exit_code == 2
+    assert message.startswith(f"{path}: {key}: "), message
+    assert reason in message
+
+
+def test_unknown_top_level_and_store_keys(tmp_path: Path) -> None:
+    cases = {
+        "[stores]\npath = 'x'\n": "stores",
+        "[store]\npath = 3\n": "store.path",
+        "[store]\npath = 'x'\nbare = true\n": "store.bare",
+        "nodes = 3\n": "nodes",
+        "[nodes]\nn = 3\n": "nodes.n",
+    }
+    for text, key in cases.items():
+        path = tmp_path / "c.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as caught:
+            load_config(str(path))
+        assert caught.value.message.startswith(f"{path}: {key}: "), (text, caught.value.message)
+
+
+def test_invalid_toml_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[nodes.a]\nhost = \n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert caught.value.message.startswith(f"{path}: not valid TOML")
+    assert "line 2" in caught.value.message
