@@ -1,0 +1,405 @@
+"""One contract for every transport: each test runs over `local` (a subprocess) and `ssh` (the real sshd).
+
+Every answer is checked against the live files read here with os/hashlib, never with snapver's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from snapver.config import parse_config
+from snapver.errors import RemotePathError, TransportError
+from snapver.model import DistInfo
+from snapver.transport.base import Transport, open_transport
+
+SRT = "sglang/srt"
+EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+# Raw names (bytes) a node may really have: spaces, quotes, newlines, controls, non-UTF-8, unicode.
+ODD_NAMES = [
+    b"sp ace.py", b'dq"uote.py', b"sq'uote.py", b"back\\slash.py", b"new\nline.py", b"tab\t.py",
+    b"caf\xe9.py", b"\xff\xfe\xfd", "ünïcödé.py".encode(), "日本語/名前.py".encode(), b"-dash.py",
+    b'"starts-with-quote', b" lead", b"trail ", b"ctrl\x01\x1f.py", b"dir with space/x.py",
+]
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def raw(path: Path | str) -> bytes:
+    return os.fsencode(path)
+
+
+def write_raw(root: Path, relative: bytes, data: bytes = b"", mode: int | None = None) -> bytes:
+    """Write ``root/relative`` with a bytes path (parents made); returns ``relative``."""
+    full = os.path.join(raw(root), relative)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "wb") as handle:
+        handle.write(data)
+    if mode is not None:
+        os.chmod(full, mode)
+    return relative
+
+
+def live_entries(site: Path) -> dict[bytes, tuple[str, int, int, str]]:
+    """Every file/link below site/sglang/srt, minus the default excludes: raw path → (kind, st_mode, size, oid)."""
+    found = {}
+    top = os.path.join(raw(site), raw(SRT))
+    for folder, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d != b"__pycache__" and not os.path.islink(os.path.join(folder, d))]
+        links = [d for d in os.listdir(folder) if os.path.islink(os.path.join(folder, d))]
+        for name in set(filenames) | set(links):
+            full = os.path.join(folder, name)
+            info = os.lstat(full)
+            rel = os.path.relpath(full, raw(site))
+            if stat.S_ISLNK(info.st_mode):
+                target = os.readlink(full)
+                found[rel] = ("l", info.st_mode, len(target), blob_id(target))
+            elif stat.S_ISREG(info.st_mode) and not name.endswith(b".pyc"):
+                with open(full, "rb") as handle:
+                    data = handle.read()
+                found[rel] = ("f", info.st_mode, len(data), blob_id(data))
+    return found
+
+
+def listed(transport: Transport, **kwargs) -> dict[bytes, tuple[str, int, int, str]]:
+    listing = transport.list_tree(**kwargs)
+    return {raw(e.path): (e.kind, e.mode, e.size, e.oid) for e in listing.entries}
+
+
+# --------------------------------------------------------------------------- the two transports
+
+
+@pytest.fixture(params=["local", "ssh"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def connect(request: pytest.FixtureRequest, transport_kind: str, local_node, tmp_path: Path
+            ) -> Iterator[Callable[..., Transport]]:
+    """``connect(site_packages, open=True, **node_keys)`` → a Transport to that folder, closed at teardown."""
+    made: list[Transport] = []
+
+    def make(site_packages: Path | str | None, open: bool = True, **extra) -> Transport:  # noqa: A002
+        if transport_kind == "local":
+            table = local_node(site_packages or "", **extra)
+        else:
+            table = request.getfixturevalue("ssh_node")("ct200", site_packages or "", **extra)
+        if site_packages is None:
+            del table["site_packages"]
+        spec = parse_config({"nodes": {"n": table}}, tmp_path / ".snapver").nodes["n"]
+        transport = open_transport(spec)
+        made.append(transport)
+        if open:
+            transport.open()
+        return transport
+
+    yield make
+    for transport in made:
+        transport.close()
+
+
+# --------------------------------------------------------------------------- hello
+
+
+def test_hello_reports_the_node(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={
+        f"{SRT}/__init__.py": "",
+        "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\nbody\n",
+        "numpy-2.0.0.dist-info/METADATA": "Name: numpy\nVersion: 2.0.0\n",
+    })
+    transport = connect(site)
+    info = transport.info
+    assert info is not None
+    assert info.site_packages == str(site)
+    assert info.hostname == socket.gethostname()
+    assert re.fullmatch(r"3\.\d+\.\d+", info.python_version)
+    assert info.dists == (DistInfo("sglang", "0.5.23", "sglang-0.5.23.dist-info"),)
+    assert transport.ping() < 5
+
+
+def test_site_packages_found_from_python(connect) -> None:
+    purelib = subprocess.run([SYSTEM_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    transport = connect(None, python=SYSTEM_PYTHON)
+    assert transport.info is not None
+    assert transport.info.site_packages == purelib
+    assert transport.info.python == SYSTEM_PYTHON or os.path.realpath(transport.info.python) == \
+        os.path.realpath(SYSTEM_PYTHON)
+
+
+# --------------------------------------------------------------------------- list
+
+
+def test_list_keeps_odd_names_byte_for_byte(connect, make_site_packages) -> None:
+    site = make_site_packages("n")
+    for index, name in enumerate(ODD_NAMES):
+        write_raw(site, raw(SRT) + b"/" + name, b"content %d " % index + name)
+    got = listed(connect(site))
+    assert set(got) == {raw(SRT) + b"/" + name for name in ODD_NAMES}
+    assert got == live_entries(site)
+
+
+def test_list_records_symlinks_without_following_them(connect, make_site_packages, tmp_path: Path) -> None:
+    site = make_site_packages("n", files={f"{SRT}/real.py": "real\n", f"{SRT}/sub/inner.py": "inner\n"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("not tracked\n")
+    links = {
+        b"to_file": b"real.py", b"to_dir": b"sub", b"to_outside_dir": raw(outside), b"dangling": b"no/such",
+        b"abs_etc": b"/etc", b"odd target": b"caf\xe9 \n\"x\"", b"loop": b"loop",
+    }
+    for name, target in links.items():
+        os.symlink(target, os.path.join(raw(site), raw(SRT), name))
+    got = listed(connect(site))
+    for name, target in links.items():
+        assert got[raw(SRT) + b"/" + name] == ("l", os.lstat(os.path.join(raw(site), raw(SRT), name)).st_mode,
+                                               len(target), blob_id(target))
+    assert not any(path.startswith((raw(SRT) + b"/to_dir/", raw(SRT) + b"/to_outside_dir/")) for path in got)
+    assert got == live_entries(site)
+    listing = connect(site).list_tree()
+    assert {e.path: e.target for e in listing.entries if e.kind == "l"} == {
+        f"{SRT}/{os.fsdecode(name)}": os.fsdecode(target) for name, target in links.items()}
+
+
+def test_list_keeps_modes_and_empty_files(connect, make_site_packages) -> None:
+    site = make_site_packages("n")
+    modes = {b"exec.sh": 0o755, b"private.py": 0o600, b"group.py": 0o640, b"readonly.py": 0o444,
+             b"setuid": 0o4755, b"sticky_exec": 0o1777}
+    for name, mode in modes.items():
+        write_raw(site, raw(SRT) + b"/" + name, b"x", mode)
+    write_raw(site, raw(SRT) + b"/empty.py")
+    write_raw(site, raw(SRT) + b"/deep/er/empty")
+    os.makedirs(os.path.join(raw(site), raw(SRT), b"empty_dir", b"nested"))
+    got = listed(connect(site))
+    for name, mode in modes.items():
+        assert got[raw(SRT) + b"/" + name][1] == stat.S_IFREG | mode
+    for name in (b"empty.py", b"deep/er/empty"):
+        assert got[raw(SRT) + b"/" + name] == ("f", stat.S_IFREG | 0o644, 0, EMPTY_BLOB)
+    assert not any(b"empty_dir" in path for path in got)
+    assert got == live_entries(site)
+
+
+def test_list_excludes(connect, make_site_packages) -> None:
+    files = [
+        "keep.py", "pyc.py", "x.pyc.txt", "__pycache__.py", "drop.pyc", "__pycache__/m.cpython-311.pyc",
+        "__pycache__/odd.txt", "a/__pycache__/deep.py", "lib.so", "tests/t.py", "a/tests/t.py", "tests.py",
+        "gen/one.py", "gen/sub/two.py", "top.txt", "a/top.txt",
+    ]
+    site = make_site_packages("n", files={f"{SRT}/{name}": name for name in files})
+    default = {os.fsdecode(path)[len(SRT) + 1:] for path in listed(connect(site))}
+    assert default == set(files) - {"drop.pyc", "__pycache__/m.cpython-311.pyc", "__pycache__/odd.txt",
+                                    "a/__pycache__/deep.py"}
+    custom = connect(site, exclude=["*.so", "tests/", f"{SRT}/gen/*", f"/{SRT}/top.txt"])
+    kept = {os.fsdecode(path)[len(SRT) + 1:] for path in listed(custom)}
+    assert kept == set(files) - {"lib.so", "tests/t.py", "a/tests/t.py", "gen/one.py", "gen/sub/two.py",
+                                 "top.txt"}
+
+
+def test_list_several_tracked_paths(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/a.py": "a", "sglang/lang/b.py": "b", "sglang/other/c.py": "c"})
+    got = listed(connect(site, paths=[SRT, "sglang/lang"]))
+    assert set(got) == {b"sglang/srt/a.py", b"sglang/lang/b.py"}
+
+
+def test_stat_cache_skips_hashing_but_catches_same_size_same_mtime_changes(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/{i}.py": f"file {i}\n" for i in range(20)})
+    transport = connect(site)
+    first = transport.list_tree()
+    assert first.hashed == 20
+    # A cache made "long after" the files last changed is trusted for every unchanged stat.
+    later = first.now_ns + 10 * 10**9
+    again = transport.list_tree(first.by_path(), later)
+    assert again.hashed == 0
+    assert [(e.path, e.oid) for e in again.entries] == [(e.path, e.oid) for e in first.entries]
+
+    target = site / SRT / "3.py"
+    before = os.stat(target)
+    target.write_text("FILE 3\n")  # same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (os.stat(target).st_size, os.stat(target).st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    replaced = site / SRT / "4.py"
+    before = os.stat(replaced)
+    (site / SRT / "4.new").write_text("FILE 4\n")
+    os.utime(site / SRT / "4.new", ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(site / SRT / "4.new", replaced)  # new inode, same size and mtime
+
+    changed = transport.list_tree(first.by_path(), later)
+    assert changed.hashed == 2
+    oids = {e.path: e.oid for e in changed.entries}
+    assert oids[f"{SRT}/3.py"] == blob_id(b"FILE 3\n")
+    assert oids[f"{SRT}/4.py"] == blob_id(b"FILE 4\n")
+    # A cache from the moment the files were written cannot be trusted (git's racy-clean rule).
+    assert transport.list_tree(changed.by_path(), changed.now_ns).hashed == 20
+
+
+# --------------------------------------------------------------------------- read_files and hash_files
+
+
+@pytest.mark.parametrize("compress_level", [0, 1])
+def test_read_files_streams_exact_content_in_order(connect, make_site_packages, compress_level: int) -> None:
+    big = os.urandom(3 << 20)  # several frames
+    site = make_site_packages("n")
+    paths = [write_raw(site, raw(SRT) + b"/" + name, b"odd " + name) for name in ODD_NAMES[:8]]
+    paths += [write_raw(site, raw(SRT) + b"/big.bin", big), write_raw(site, raw(SRT) + b"/empty.py")]
+    os.symlink(b"big.bin", os.path.join(raw(site), raw(SRT), b"link"))
+    paths += [raw(SRT) + b"/link", raw(SRT) + b"/vanished.py", raw(SRT) + b"/no/such/dir.py"]
+    wanted = [os.fsdecode(path) for path in reversed(paths)]
+    transport = connect(site)
+    got = list(transport.read_files(wanted, compress_level=compress_level))
+    assert [path for path, _, _ in got] == wanted
+    for path, kind, data in got:
+        full = os.path.join(raw(site), raw(path))
+        if not os.path.lexists(full):
+            assert (kind, data) == (None, b"")
+        elif os.path.islink(full):
+            assert (kind, data) == ("l", os.readlink(full))
+        else:
+            with open(full, "rb") as handle:
+                assert (kind, data) == ("f", handle.read())
+    assert transport.bytes_received >= (len(big) if compress_level == 0 else 0)
+    assert transport.ping() < 5  # the channel is in step after the stream
+    assert len(transport.list_tree().entries) == len(paths) - 2
+
+
+def test_abandoned_stream_ends_the_agent_cleanly(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/{i}.py": os.urandom(1 << 20) for i in range(4)})
+    transport = connect(site)
+    stream = transport.read_files([f"{SRT}/{i}.py" for i in range(4)])
+    next(stream)
+    stream.close()
+    with pytest.raises(TransportError):
+        transport.ping()
+
+
+def test_hash_files(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/a.py": "a\n", f"{SRT}/sub/b.py": b"\x00\xff"})
+    os.symlink("a.py", site / SRT / "link")
+    odd = write_raw(site, raw(SRT) + b"/caf\xe9 \n.py", b"odd")
+    paths = [f"{SRT}/a.py", f"{SRT}/sub/b.py", f"{SRT}/link", os.fsdecode(odd), f"{SRT}/missing.py", f"{SRT}/sub"]
+    transport = connect(site)
+    for algo in ("sha256", "md5"):
+        hashes = transport.hash_files(paths, algo)
+        assert hashes == {
+            f"{SRT}/a.py": hashlib.new(algo, b"a\n").hexdigest(),
+            f"{SRT}/sub/b.py": hashlib.new(algo, b"\x00\xff").hexdigest(),
+            f"{SRT}/link": hashlib.new(algo, b"a.py").hexdigest(),
+            os.fsdecode(odd): hashlib.new(algo, b"odd").hexdigest(),
+            f"{SRT}/missing.py": None,
+            f"{SRT}/sub": None,
+        }
+
+
+def test_nothing_is_written_on_the_node(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/a.py": "import os\n", f"{SRT}/sub/b.py": "b"})
+    before = sorted((p, p.lstat().st_mtime_ns) for p in site.rglob("*"))
+    transport = connect(site)
+    transport.list_tree()
+    list(transport.read_files([f"{SRT}/a.py", f"{SRT}/sub/b.py"]))
+    transport.hash_files([f"{SRT}/a.py"])
+    transport.close()
+    assert sorted((p, p.lstat().st_mtime_ns) for p in site.rglob("*")) == before
+
+
+# --------------------------------------------------------------------------- remote path errors
+
+
+def test_missing_site_packages_names_the_path(connect, tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "site-packages"
+    with pytest.raises(RemotePathError) as caught:
+        connect(missing)
+    assert str(missing) in caught.value.message
+    assert caught.value.exit_code == 3
+
+
+def test_missing_tracked_path_names_the_path(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={"sglang/__init__.py": ""})
+    transport = connect(site)
+    with pytest.raises(RemotePathError) as caught:
+        transport.list_tree()
+    assert str(site / SRT) in caught.value.message
+    assert transport.ping() < 5  # a refused request leaves the agent usable
+
+
+def test_tracked_path_through_a_symlink_is_refused(connect, make_site_packages, tmp_path: Path) -> None:
+    elsewhere = make_site_packages("elsewhere", files={f"{SRT}/a.py": "a"})
+    site = make_site_packages("n")
+    os.symlink(elsewhere / "sglang", site / "sglang")
+    with pytest.raises(RemotePathError) as caught:
+        connect(site).list_tree()
+    assert str(site / "sglang") in caught.value.message
+
+
+@pytest.fixture
+def unprivileged(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A world-readable scratch folder and a `python` that runs the agent as nobody.
+
+    Tests run as root, which no permission stops; the node's python is then a wrapper
+    that drops to uid 65534, as a deployment under a service account would be.
+    """
+    if not shutil.which("setpriv") or os.geteuid() != 0:
+        pytest.fail("needs root and setpriv (util-linux) to run the agent as nobody")
+    folder = Path(tempfile.mkdtemp(prefix="snapver-perm-", dir="/tmp"))
+    folder.chmod(0o755)
+    wrapper = tmp_path / "python-as-nobody"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups "
+                       f"{SYSTEM_PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    try:
+        yield folder, str(wrapper)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_permission_denied_names_the_path(connect, unprivileged) -> None:
+    folder, python = unprivileged
+    site = folder / "site-packages"
+    srt = site / SRT
+    (srt / "ok").mkdir(parents=True)
+    (srt / "ok" / "a.py").write_text("a")
+    for path in (site, site / "sglang", srt, srt / "ok"):
+        path.chmod(0o755)
+    (srt / "ok" / "a.py").chmod(0o644)
+    assert len(connect(site, python=python).list_tree().entries) == 1  # nobody reads what it may
+
+    (srt / "locked").mkdir(mode=0o700)
+    with pytest.raises(RemotePathError) as caught:
+        connect(site, python=python).list_tree()
+    assert str(srt / "locked") in caught.value.message and "permission denied" in caught.value.message
+    (srt / "locked").rmdir()
+
+    (srt / "secret.py").write_text("s")
+    (srt / "secret.py").chmod(0o600)
+    with pytest.raises(RemotePathError) as caught:
+        connect(site, python=python).list_tree()
+    assert str(srt / "secret.py") in caught.value.message and "permission denied" in caught.value.message
+    (srt / "secret.py").unlink()
+
+    site.chmod(0o700)
+    with pytest.raises(RemotePathError) as caught:
+        connect(site, python=python)
+    assert str(site) in caught.value.message and caught.value.exit_code == 3
+
+
+def test_dead_agent_is_a_transport_error(connect, tmp_path: Path) -> None:
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\necho 'python: cannot start: out of luck' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(TransportError) as caught:
+        connect(tmp_path, python=str(broken))
+    assert "out of luck" in caught.value.message
