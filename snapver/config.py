@@ -37,6 +37,7 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "host_key_policy": (str, '"strict" or "accept-new"'),
     "connect_timeout": ((int, float), "a number of seconds"),
     "compress": (str, '"auto", "zlib" or "none"'),
+    "control_persist": ((int, float), "a number of seconds (0: off)"),
 }
 _NODE_ONLY_KEYS = {"host", "site_packages", "python", "local"}
 
@@ -59,6 +60,7 @@ class NodeSpec:
     host_key_policy: str = "strict"
     connect_timeout: float = 10.0
     compress: str = "auto"
+    control_persist: float = 0.0
 
     @property
     def address(self) -> str:
@@ -211,6 +213,9 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
     port = merged.get("port")
     if port is not None and not 0 < port < 65536:
         raise fail(prefix + "port", f"expected 1-65535, got {port}")
+    persist = merged.get("control_persist", 0)
+    if persist < 0:
+        raise fail(prefix + "control_persist", "expected 0 (off) or a positive number of seconds")
     timeout = merged.get("connect_timeout", 10)
     if timeout <= 0:
         raise fail(prefix + "connect_timeout", "expected a positive number")
@@ -234,6 +239,7 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
         host_key_policy=policy,
         connect_timeout=float(timeout),
         compress=compress,
+        control_persist=float(persist),
     )
 
 

@@ -20,8 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import git
-
 from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, Entry, Manifest, quote_path
 from snapver.store import refs
@@ -60,17 +58,30 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self.repo = git.Repo(path)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-            raise StoreError(f"no snapver store at {path}", hint="run `snapver init` or `snapver pull`") from exc
+        if not ((path / "HEAD").is_file() and (path / "objects").is_dir()):
+            raise StoreError(f"no snapver store at {path}", hint="run `snapver init` or `snapver pull`")
+        self._repo: Any = None
         self._cat_lock = threading.Lock()
+
+    @property
+    def repo(self) -> Any:
+        """The GitPython Repo, opened on first use (importing git costs ~0.1 s of start-up)."""
+        if self._repo is None:
+            import git
+
+            try:
+                self._repo = git.Repo(self.path)
+            except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+                raise StoreError(f"no snapver store at {self.path}") from exc
+        return self._repo
 
     # -- creating and locking ------------------------------------------------------
     @classmethod
     def create(cls, path: Path) -> "Store":
         """Create an empty store (idempotent)."""
         if not (path / "HEAD").exists():
+            import git
+
             try:
                 path.mkdir(parents=True, exist_ok=True)
                 repo = git.Repo.init(path, bare=True)
@@ -94,7 +105,8 @@ class Store:
         return store_lock(self.path, wait)
 
     def close(self) -> None:
-        self.repo.close()
+        if self._repo is not None:
+            self._repo.close()
 
     # -- objects ------------------------------------------------------------------
     def git(self, *args: str, input: bytes | None = None) -> bytes:
@@ -125,6 +137,8 @@ class Store:
 
     def read_blob(self, oid: str) -> bytes:
         """One object's content, through GitPython's persistent ``cat-file --batch``."""
+        import git
+
         with self._cat_lock:
             try:
                 _, _, _, data = self.repo.git.get_object_data(oid)

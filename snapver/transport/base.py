@@ -261,6 +261,10 @@ def open_transport(spec: NodeSpec) -> Transport:
         from snapver.transport.local import LocalTransport
 
         return LocalTransport(spec)
+    if spec.control_persist > 0:
+        from snapver.transport.mux import MuxTransport
+
+        return MuxTransport(spec)
     from snapver.transport.ssh import SshTransport
 
     return SshTransport(spec)
