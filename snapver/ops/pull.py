@@ -23,6 +23,7 @@ from snapver.config import NodeSpec
 from snapver.errors import SnapverError, StoreError, TransportError
 from snapver.model import Entry, Manifest, StatEntry
 from snapver.store import refs
+from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
 from snapver.transport.base import Listing, Transport, open_transport
 
@@ -110,7 +111,9 @@ def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: s
          on_node_done: Callable[[NodePull], None] | None = None) -> PullResult:
     """Snapshot every node in ``specs`` (in parallel), holding the store lock. Never changes a node."""
     with store.lock():
-        return pull_locked(store, specs, tag, message, on_plan, on_progress, on_node_done)
+        result = pull_locked(store, specs, tag, message, on_plan, on_progress, on_node_done)
+    maybe_compact(store.path)
+    return result
 
 
 def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
@@ -120,8 +123,11 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     results = [NodePull(spec.name) for spec in specs]
     by_name = {r.node: r for r in results}
     workers = max(1, min(32, len(specs)))
+    # Hashing on the node only serves to skip content the store has; a first pull of a
+    # single node into an empty store has none to skip, so it fetches without hashing.
+    hash_on_node = len(specs) > 1 or bool(store.refs("refs/heads/"))
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda pair: _list_node(store, *pair), zip(specs, results)))
+        list(pool.map(lambda pair: _list_node(store, *pair, hash_on_node), zip(specs, results)))
         live = [r for r in results if r.ok]
         try:
             with store.importer() as importer:
@@ -169,7 +175,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     return PullResult(results)
 
 
-def _list_node(store: Store, spec: NodeSpec, result: NodePull) -> None:
+def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool) -> None:
     result.started = time.monotonic()
     try:
         result.parent = store.ref(refs.node_ref(spec.name))
@@ -179,22 +185,23 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull) -> None:
         info = result.transport.open()
         result.rtt = result.transport.ping()
         result.dist = info.dist_summary()
-        result.listing = result.transport.list_tree(cache, cache_time)
+        result.listing = result.transport.list_tree(cache, cache_time, want_oids=hash_on_node)
     except SnapverError as exc:
         result.error = exc
 
 
 def _assign_fetches(store: Store, nodes: list[NodePull]) -> dict[str, list[StatEntry]]:
-    """Give each blob the store lacks to the first node that has it."""
-    all_oids = {e.oid for r in nodes for e in r.listing.entries}  # type: ignore[union-attr]
+    """Give each blob the store lacks to the first node that has it (unhashed files: all)."""
+    all_oids = {e.oid for r in nodes for e in r.listing.entries if e.oid}  # type: ignore[union-attr]
     have = store.existing(all_oids)
     assigned: dict[str, list[StatEntry]] = {}
     for result in nodes:
         mine = assigned.setdefault(result.node, [])
         for entry in result.listing.entries:  # type: ignore[union-attr]
-            if entry.oid not in have:
-                have.add(entry.oid)
+            if entry.oid is None or entry.oid not in have:
                 mine.append(entry)
+                if entry.oid:
+                    have.add(entry.oid)
     return assigned
 
 

@@ -48,6 +48,11 @@ class PackWriter:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def size(self) -> int:
+        """Bytes written so far."""
+        return self._offset
+
     def add(self, oid: str, data: bytes) -> None:
         """Append one blob whose git id is ``oid`` (the caller has checked it)."""
         record = _object_header(BLOB_TYPE, len(data)) + zlib.compress(data, LEVEL)

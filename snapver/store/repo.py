@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator
 from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, Entry, Manifest, quote_path
 from snapver.store import refs
+from snapver.store.gc import record_raw_bytes
 from snapver.store.lock import store_lock
 from snapver.store.pack import PackWriter
 
@@ -328,7 +329,8 @@ class Importer:
     def finish(self) -> dict[int, str]:
         """Make the blobs visible, write the queued commits, move their refs."""
         try:
-            self._pack.finish()
+            if self._pack.finish() is not None:
+                record_raw_bytes(self.store.path, self._pack.size)
         except OSError as exc:
             self._pack.abort()
             raise StoreError(f"cannot write to the store: {exc}") from exc

@@ -1,0 +1,81 @@
+"""Background compaction: compress and delta the stored packs that pulls write, off their path.
+
+Pulls write new blobs uncompressed (see ``pack.py``), so the store grows by the raw
+size of new content. Once enough raw bytes have piled up, ``maybe_compact`` starts a
+detached ``git repack -a -d -k -F`` that recompresses everything into one pack with
+deltas. ``-k`` keeps objects no ref names yet, so a pull finishing its commit while the
+repack runs loses nothing; a second repack never starts while one runs (flock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RAW_BYTES_BEFORE_COMPACT = 32 << 20
+STATE = "snapver/compact.json"
+LOCK = "snapver/compact.lock"
+
+
+def record_raw_bytes(store_path: Path, count: int) -> int:
+    """Add ``count`` raw bytes written; returns the total since the last compaction."""
+    path = store_path / STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        total = int(json.loads(path.read_text()).get("raw_bytes", 0))
+    except (OSError, ValueError):
+        total = 0
+    total += count
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"raw_bytes": total}))
+    os.replace(tmp, path)
+    return total
+
+
+def maybe_compact(store_path: Path) -> bool:
+    """Start a background repack when enough raw bytes piled up; True if one started."""
+    if os.environ.get("SNAPVER_AUTO_GC", "1") == "0":
+        return False
+    try:
+        total = int(json.loads((store_path / STATE).read_text()).get("raw_bytes", 0))
+    except (OSError, ValueError):
+        return False
+    if total < RAW_BYTES_BEFORE_COMPACT:
+        return False
+    subprocess.Popen([sys.executable, "-m", "snapver.store.gc", str(store_path)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    return True
+
+
+def compact(store_path: Path) -> int:
+    """Repack the store once (skipped if another compaction holds the lock)."""
+    lock_path = store_path / LOCK
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0
+        try:
+            raw_before = int(json.loads((store_path / STATE).read_text()).get("raw_bytes", 0))
+        except (OSError, ValueError):
+            raw_before = 0
+        # Low priority: a compaction must never slow the pulls it makes room for.
+        os.nice(10)
+        done = subprocess.run(["git", "--git-dir", str(store_path), "-c", "pack.compression=1",
+                               "repack", "-a", "-d", "-k", "-F", "-q"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if done.returncode == 0:
+            record_raw_bytes(store_path, -raw_before)
+        return done.returncode
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    sys.exit(compact(Path(sys.argv[1])))
