@@ -8,6 +8,7 @@ policy is ``accept-new`` (which records it), and a changed key is always refused
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
@@ -18,6 +19,10 @@ from fabric import Config, Connection
 
 from snapver.errors import HostKeyError, TransportError
 from snapver.transport.base import RawChannel, Transport
+
+# paramiko logs a failed handshake with a traceback; with no handler configured Python
+# would print it on stderr. The failure itself is raised and reported as one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # Large windows keep a single stream flowing at loopback and WAN speeds alike; large
 # packets cut paramiko's per-packet Python cost (32 KiB: ~40 MB/s here, 256 KiB: ~150+).
