@@ -62,7 +62,7 @@ def pull(
         emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
     failed = [n.node for n in result.nodes if n.error]
     if failed and len(result.nodes) > 1 and not json_out:
-        err.print(f"snapver: error: {len(failed)} of {len(result.nodes)} nodes failed: {', '.join(failed)}")
+        err.print(f"snapver: error: {len(failed)} of {len(result.nodes)} nodes failed: {escape(', '.join(failed))}")
     return result.exit_code
 
 
@@ -73,7 +73,10 @@ def summary_line(result: "object") -> str:
     assert isinstance(result, NodePull)
     name = escape(result.node)
     if result.error:
-        return f"[red]{name}: failed[/red]: {escape(str(result.error))}"
+        message = str(result.error)
+        if not message.startswith(f"{result.node}:"):
+            message = f"{result.node}: {message}"
+        return f"[red]snapver: error:[/red] {escape(message)}"
     stats = (f"{result.files} files, {result.changed} changed, "
              f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire), "
              f"{result.seconds:.1f} s")
