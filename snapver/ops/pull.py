@@ -237,7 +237,8 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
                                           listed.ctime_ns, listed.ino, oid, listed.target)
             if on_progress:
                 on_progress(1, len(data))
-    except SnapverError as exc:
+    except TransportError as exc:
+        # This node failed; a store error (disk full) is not caught here: it ends the pull.
         result.error = exc
         return
     if changed:

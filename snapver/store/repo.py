@@ -299,6 +299,7 @@ class Importer:
         self._pack = PackWriter(store.path / "objects")
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
         self.results: dict[int, str] = {}
+        self._broken: StoreError | None = None
 
     def has(self, oid: str) -> bool:
         with self._lock:
@@ -308,11 +309,15 @@ class Importer:
         """Write a blob (once per content) and return its git id."""
         oid = oid or blob_oid(data)
         with self._lock:
+            if self._broken is not None:
+                raise self._broken
             if oid not in self._written:
                 try:
                     self._pack.add(oid, data)
                 except OSError as exc:
-                    raise StoreError(f"cannot write to the store: {exc}") from exc
+                    # A half-written record would corrupt the pack: nothing more goes in.
+                    self._broken = StoreError(f"cannot write to the store {self.store.path}: {exc.strerror or exc}")
+                    raise self._broken from exc
                 self._written.add(oid)
         return oid
 
@@ -328,6 +333,9 @@ class Importer:
 
     def finish(self) -> dict[int, str]:
         """Make the blobs visible, write the queued commits, move their refs."""
+        if self._broken is not None:
+            self._pack.abort()
+            raise self._broken
         try:
             if self._pack.finish() is not None:
                 record_raw_bytes(self.store.path, self._pack.size)
