@@ -586,7 +586,8 @@ def op_write_done(channel, request):
 
 def op_run(channel, request):
     """Run ``sh -c COMMAND`` on the node (a health check), with the deployment's python first
-    on PATH; returns its exit code and the tail of its output."""
+    on PATH and its site-packages first on PYTHONPATH; returns the exit code and the
+    tail of the output."""
     import subprocess
 
     site = site_packages_of(request.get("site_packages"))
@@ -594,6 +595,7 @@ def op_run(channel, request):
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
     env["SNAPVER_PYTHON"] = sys.executable
     env["SNAPVER_SITE_PACKAGES"] = site
+    env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     timeout = float(request.get("timeout") or 300)
     process = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -1,0 +1,242 @@
+"""`snapver patch …`: new, save, import, capture, list, show, export, rebase, delete."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape
+
+patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
+                        context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(patch_app, name="patch")
+
+NODES_HELP = "Default target nodes or groups of `snapver push` (repeat, or comma-separated)."
+
+
+def _status_line(status: str, path: str) -> str:
+    colour = {"A": "green", "D": "red", "M": "yellow", "T": "cyan"}.get(status, "white")
+    return f"  [{colour}]{status}[/{colour}]  {escape(path)}"
+
+
+@patch_app.command("new")
+def new(
+    name: str = typer.Argument(..., help="The patch's name."),
+    base: Optional[str] = typer.Option(None, "--base", help="The snapshot it applies to (tag, node, id …); "
+                                       "leave out to check out an existing patch."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
+) -> int:
+    """Start a patch: an editable checkout of the base tree; prints its folder."""
+    from snapver.ops.patch import new_patch
+
+    config = STATE.config()
+    store = STATE.store(config)
+    result = new_patch(store, config, name, base, nodes or [], message)
+    out = console()
+    out.print(f"patch {escape(name)} on {result.patch.base[:10]} ({escape(result.patch.base_node)}): "
+              f"{result.files} files checked out")
+    out.print(f"edit the files under it, then run `snapver patch save {escape(name)}`:", style=None)
+    print(result.folder)
+    return 0
+
+
+@patch_app.command("save")
+def save(
+    name: str = typer.Argument(..., help="The patch's name."),
+    message: str = typer.Option("", "-m", "--message", help="Replace the patch's message."),
+) -> int:
+    """Record the edits made in the patch's checkout folder."""
+    from snapver.ops.patch import save_patch
+
+    config = STATE.config()
+    result = save_patch(STATE.store(config), config, name, message)
+    out = console()
+    if not result.saved:
+        out.print(f"patch {escape(name)}: nothing to save (the checkout equals {result.patch.commit[:10]})")
+        return 0
+    out.print(f"patch {escape(name)}: saved {result.patch.commit[:10]}, {len(result.changed)} file(s) changed "
+              f"since the last save, {len(result.patch.files)} in the patch")
+    for item in result.changed:
+        out.print(_status_line(item.status, item.path))
+    return 0
+
+
+@patch_app.command("import")
+def import_(
+    name: str = typer.Argument(..., help="The new patch's name."),
+    file: str = typer.Argument(..., help="A unified diff (`diff -u`, `git diff`, `git format-patch`); - for stdin."),
+    base: str = typer.Option(..., "--base", help="The snapshot the diff was made against."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    message: str = typer.Option("", "-m", "--message", help="What the patch is for (default: the mail subject)."),
+    strip: Optional[int] = typer.Option(None, "-p", "--strip", min=0,
+                                        help="Leading path components to strip (default: guessed, like patch -pN)."),
+) -> int:
+    """Make a patch from a unified diff; paths relative to site-packages (a/ b/ accepted)."""
+    from snapver.errors import UsageError
+    from snapver.ops.patch import import_patch
+
+    config = STATE.config()
+    store = STATE.store(config)
+    if file == "-":
+        data, source = sys.stdin.buffer.read(), "stdin"
+    else:
+        try:
+            data, source = Path(file).read_bytes(), file
+        except OSError as exc:
+            raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    patch = import_patch(store, config, name, data, source, base, nodes or [], message, strip)
+    out = console()
+    out.print(f"patch {escape(name)}: {patch.commit[:10]}, {len(patch.files)} file(s) on "
+              f"{patch.base[:10]} ({escape(patch.base_node)})")
+    for item in patch.files:
+        out.print(_status_line(item.status, item.path))
+    return 0
+
+
+@patch_app.command("capture")
+def capture(
+    name: str = typer.Argument(..., help="The new patch's name."),
+    node: str = typer.Argument(..., help="The live node whose drift becomes the patch."),
+    base: str = typer.Option(..., "--base", help="The snapshot the node drifted from."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP + " Default: NODE."),
+    message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
+) -> int:
+    """Turn a node's live drift from REF (hand-made hot-fixes) into a patch."""
+    from snapver.ops.patch import capture_patch
+
+    config = STATE.config()
+    patch = capture_patch(STATE.store(config), config, name, node, base, nodes or [], message)
+    out = console()
+    if patch is None:
+        out.print(f"{escape(node)} does not drift from {escape(base)}: nothing to capture, no patch made")
+        return 0
+    out.print(f"patch {escape(name)}: {patch.commit[:10]}, {len(patch.files)} file(s) captured from "
+              f"{escape(node)} on {patch.base[:10]} ({escape(patch.base_node)})")
+    for item in patch.files:
+        out.print(_status_line(item.status, item.path))
+    return 0
+
+
+@patch_app.command("list")
+def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+    """List patches: name, files, base, target nodes, date, message."""
+    from snapver.ops.patch import list_patches
+
+    config = STATE.config()
+    patches = list_patches(STATE.store(config))
+    if json_out:
+        emit_json({"patches": [{**p.to_json(), "files": int(p.meta.get("files", 0))} for p in patches]})
+        return 0
+    out = console()
+    if not patches:
+        out.print("no patches yet (make one with `snapver patch new`, `import` or `capture`)")
+    for p in patches:
+        nodes = ", ".join(p.nodes) or "-"
+        out.print(f"[bold]{escape(p.name)}[/bold]  {p.commit[:10]}  {int(p.meta.get('files', 0))} file(s)  "
+                  f"base {p.base[:10]} ({escape(p.base_node)})  nodes {escape(nodes)}  {p.time:%Y-%m-%d %H:%M}"
+                  + (f"  {escape(p.message.splitlines()[0])}" if p.message else ""))
+    return 0
+
+
+@patch_app.command("show")
+def show(
+    name: str = typer.Argument(..., help="The patch's name."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """A patch's base, targets, message, history and files."""
+    from snapver.ops.patch import checkout_folder, history, load_patch
+
+    config = STATE.config()
+    store = STATE.store(config)
+    patch = load_patch(store, name)
+    commits = history(store, name)
+    folder = checkout_folder(store, name)
+    if json_out:
+        emit_json({**patch.to_json(), "history": [{"id": c.id, "time": c.time.isoformat(),
+                                                    "source": c.meta.get("source")} for c in commits],
+                   "checkout": str(folder) if folder.is_dir() else None})
+        return 0
+    out = console()
+    out.print(f"patch {escape(name)}  ({patch.commit})")
+    base_meta = store.commit(patch.base).meta
+    dists = ", ".join(f"{n} {v}" for n, v in base_meta.get("dists", [])) or "-"
+    out.print(f"base:     {patch.base[:10]}  {escape(patch.base_node)}  {escape(dists)}")
+    out.print(f"nodes:    {escape(', '.join(patch.nodes)) or '-'}")
+    out.print(f"date:     {patch.time:%Y-%m-%d %H:%M:%S %z}")
+    if patch.message:
+        out.print(f"message:  {escape(patch.message)}")
+    out.print(f"history:  {len(commits)} commit(s): "
+              + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5]))
+    if folder.is_dir():
+        out.print(f"checkout: {escape(str(folder))}")
+    out.print(f"files:    {len(patch.files)}")
+    for item in patch.files:
+        out.print(_status_line(item.status, item.path))
+    return 0
+
+
+@patch_app.command("export")
+def export(
+    name: str = typer.Argument(..., help="The patch's name."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file, not stdout."),
+) -> int:
+    """Print the patch as a unified diff that `git apply` / `patch -p1` apply in site-packages."""
+    from snapver.ops.patch import export_patch
+
+    config = STATE.config()
+    data = export_patch(STATE.store(config), name)
+    if output is not None:
+        output.write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+@patch_app.command("rebase")
+def rebase(
+    name: str = typer.Argument(..., help="The patch's name."),
+    onto: str = typer.Option(..., "--onto", help="The new base snapshot (e.g. the next sglang release)."),
+) -> int:
+    """Carry a patch onto a new base, three-way per file; conflicts are reported per file."""
+    from snapver.ops.patch import rebase_patch
+
+    config = STATE.config()
+    result = rebase_patch(STATE.store(config), config, name, onto)
+    out = console()
+    if not result.files and not result.rebased:
+        out.print(f"patch {escape(name)} is already based on {result.onto[:10]}")
+        return 0
+    for item in result.files:
+        colour = {"conflict": "red", "dropped": "cyan"}.get(item.outcome, "green")
+        detail = f": {escape(item.detail)}" if item.detail else ""
+        out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {escape(item.path)}{detail}")
+    if result.rebased:
+        out.print(f"patch {escape(name)}: rebased onto {result.onto[:10]} as {result.patch.commit[:10]}")
+        return 0
+    err = console(stderr=True)
+    err.print(f"snapver: error: patch {escape(name)}: {len(result.conflicts)} file(s) conflict; nothing recorded")
+    err.print(f"hint: the merge (with conflict markers) is checked out in {escape(str(result.checkout))}; "
+              f"resolve it, then `snapver patch save {escape(name)}`")
+    return 1
+
+
+@patch_app.command("delete")
+def delete(name: str = typer.Argument(..., help="The patch's name.")) -> int:
+    """Delete a patch (its commits stay in the store until `git gc`)."""
+    from snapver.ops.patch import checkout_folder, delete_patch
+
+    config = STATE.config()
+    store = STATE.store(config)
+    patch = delete_patch(store, name)
+    out = console()
+    out.print(f"deleted patch {escape(name)} (was {patch.commit[:10]})")
+    folder = checkout_folder(store, name)
+    if folder.is_dir():
+        out.print(f"its checkout {escape(str(folder))} was left in place")
+    return 0

@@ -1,0 +1,178 @@
+"""`snapver push` and `snapver rollback`: plan, show, ask, apply (one path for both)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape
+
+if TYPE_CHECKING:
+    from snapver.ops.plan import NodePlan, NodeRun
+
+_MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
+
+
+def _step_line(step: "object") -> str:
+    from snapver.ops.plan import Step
+
+    assert isinstance(step, Step)
+    mark, colour = _MARKS[step.action]
+    if step.action == "write" and step.live is None:
+        mark, colour = "A", "green"
+    return f"  [{colour}]{mark}[/{colour}] {escape(step.path)}  ({escape(step.note)})"
+
+
+def render_node_plan(plan: "NodePlan", verbose_skips: bool = True) -> None:
+    out = console()
+    name = escape(plan.node)
+    for note in plan.notes:
+        console(stderr=True).print(f"[yellow]warning[/yellow]: {name}: {escape(note)}")
+    if plan.error is not None:
+        console(stderr=True).print(f"[red]{name}: cannot plan[/red]: {escape(str(plan.error))}")
+        return
+    writes, skips, conflicts = len(plan.writes), len(plan.steps) - len(plan.writes) - len(plan.conflicts), \
+        len(plan.conflicts)
+    if conflicts:
+        out.print(f"{name}: [red]{conflicts} conflict(s)[/red], {writes} to write, {skips} already patched")
+    elif writes:
+        out.print(f"{name}: {writes} to write" + (f", {skips} already patched" if skips else ""))
+    else:
+        out.print(f"{name}: up to date ({skips} already patched)" if skips else f"{name}: nothing to change")
+    for step in plan.steps:
+        if step.action != "skip" or verbose_skips:
+            out.print(_step_line(step))
+
+
+def render_run(run: "NodeRun") -> None:
+    name = escape(run.node)
+    snapshots = f"snapshots {str(run.before)[:10]} → {str(run.after)[:10] if run.after else '?'}"
+    bytecode = f", {len(run.bytecode_removed)} stale bytecode file(s) removed" if run.bytecode_removed else ""
+    if run.state == "done":
+        console().print(f"{name}: [green]done[/green] — wrote {len(run.written)}, deleted {len(run.deleted)}"
+                        f"{bytecode}, verified; {snapshots}")
+        return
+    err = console(stderr=True)
+    label = {"rolled-back": "rolled back", "cancelled": "not written"}.get(run.state, run.state)
+    err.print(f"{name}: [red]{label}[/red]" + (f": {escape(str(run.error))}" if run.error else
+                                               " (another node failed)"))
+    if run.rollback_error is not None:
+        err.print(f"{name}: [red]rollback failed[/red]: {escape(str(run.rollback_error))}; "
+                  f"run `snapver rollback {name}`")
+
+
+def confirm(yes: bool, question: str) -> bool:
+    """Ask on a terminal; without one, only ``--yes`` allows writing."""
+    from snapver.errors import UsageError
+
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError("refusing to write without a terminal to confirm on", hint="pass --yes")
+    return typer.confirm(question, default=False)
+
+
+@app.command()
+def push(
+    patch: str = typer.Argument(..., help="The patch to apply."),
+    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
+                                        help="Where (default: the patch's --nodes)."),
+    all_nodes: bool = typer.Option(False, "--all", help="Every node in the config."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite files that are neither the base nor the patch."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes when one fails."),
+    health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
+                                         help="Run CMD (sh) on each node after writing; failure rolls it back."),
+    health_timeout: float = typer.Option(300.0, "--health-timeout", min=1, help="Seconds CMD may take."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
+    from snapver.ops.push import apply_push, plan_push
+
+    config = STATE.config()
+    store = STATE.store(config)
+    out = console()
+    with plan_push(store, config, patch, targets or [], all_nodes, force) as plan:
+        if not json_out:
+            names = ", ".join(n.node for n in plan.nodes)
+            out.print(f"push {escape(patch)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
+                      f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))
+            for node in plan.nodes:
+                render_node_plan(node)
+        if plan.nothing_to_do:
+            if json_out:
+                emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": 0})
+            else:
+                out.print("nothing to do: every node already has the patch; nothing recorded")
+            return 0
+        if dry_run or plan.conflicts or (plan.errors and not keep_going):
+            if json_out:
+                code = 1 if plan.conflicts else max((n.error.exit_code for n in plan.errors if n.error), default=0)
+                emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": code})
+            if dry_run and not plan.conflicts and not plan.errors:
+                if not json_out:
+                    out.print("dry run: nothing written")
+                return 0
+            apply_push(store, plan)  # raises the refusal (conflicts or an unreachable node)
+        writes = sum(len(n.writes) for n in plan.nodes)
+        busy = [n.node for n in plan.nodes if n.writes]
+        if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):
+            console(stderr=True).print("snapver: nothing written")
+            return 1
+        result = apply_push(store, plan, health, health_timeout, keep_going)
+    if json_out:
+        emit_json({**result.to_json(), "dry_run": False})
+    else:
+        for run in result.nodes:
+            render_run(run)
+    return result.exit_code
+
+
+@app.command()
+def rollback(
+    node: str = typer.Argument(..., help="The node to restore."),
+    to: Optional[str] = typer.Option(None, "--to", help="The snapshot to restore (default: as it was before "
+                                     "the last push that changed it)."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Restore a node's tree exactly (content, mode, deletions, additions) to a snapshot."""
+    from snapver.ops.rollback import apply_rollback, plan_rollback
+
+    config = STATE.config()
+    store = STATE.store(config)
+    out = console()
+    with plan_rollback(store, config, node, to) as plan:
+        if not json_out:
+            out.print(f"rollback {escape(node)} to {plan.target[:10]} ({escape(plan.reason)})"
+                      + (" — dry run" if dry_run else ""))
+            if plan.interrupted is not None:
+                out.print(f"{escape(node)}: repairs the interrupted {plan.interrupted.action} of "
+                          f"{escape(str(plan.interrupted.patch or '-'))} ({plan.interrupted.time:%Y-%m-%d %H:%M})")
+            render_node_plan(plan.node)
+        if dry_run or (plan.nothing_to_do and plan.interrupted is None):
+            if json_out:
+                emit_json({**plan.to_json(), "dry_run": dry_run, "result": None, "exit_code": 0})
+            elif plan.nothing_to_do:
+                out.print(f"nothing to do: {escape(node)} already equals {plan.target[:10]}; nothing recorded")
+            else:
+                out.print("dry run: nothing written")
+            return 0
+        if plan.node.writes and not confirm(yes, f"restore {len(plan.node.writes)} file(s) on {node}?"):
+            console(stderr=True).print("snapver: nothing written")
+            return 1
+        run = apply_rollback(store, plan)
+    if json_out:
+        emit_json({**plan.to_json(), "dry_run": False, "result": run.to_json() if run else None,
+                   "exit_code": run.exit_code if run else 0})
+    elif run is not None:
+        if plan.nothing_to_do:
+            out.print(f"{escape(node)}: nothing to restore; the interrupted push is marked repaired")
+        else:
+            render_run(run)
+    return run.exit_code if run else 0

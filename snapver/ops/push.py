@@ -1,0 +1,163 @@
+"""Push: apply a patch to live nodes — all of them exactly, or none.
+
+Plan: for every target, the node reports each path the patch touches; a path that
+equals the patch is skipped, one that equals the base is written, anything else is a
+conflict and refuses the whole push before any node is written (``force`` overwrites
+instead). Apply: the shared path in ``ops/plan.py`` (records, snapshots, atomic
+writes, health check, roll back on failure).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from snapver.config import Config, NodeSpec
+from snapver.errors import ConflictError, SnapverError, UsageError
+from snapver.model import FILE
+from snapver.ops.patch import Patch, PatchFile, load_patch
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, NodeRun, PushState,
+                              Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.store.repo import Store
+
+__all__ = ["PushPlan", "PushResult", "plan_push", "apply_push", "push_state"]
+
+
+def push_state(store: Store, node: str) -> PushState | None:
+    """The node's newest push record: ``.interrupted`` when a push (or rollback) began
+    writing and never finished — `snapver rollback NODE` repairs it."""
+    return newest_record(store, node)
+
+
+@dataclass
+class PushPlan:
+    """The plan of one push: per node, each touched file's step. Close it when done."""
+
+    patch: Patch
+    nodes: list[NodePlan]
+    force: bool = False
+
+    @property
+    def conflicts(self) -> list[tuple[str, Step]]:
+        return [(n.node, s) for n in self.nodes for s in n.conflicts]
+
+    @property
+    def errors(self) -> list[NodePlan]:
+        return [n for n in self.nodes if n.error is not None]
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.errors and not self.conflicts and not any(n.writes for n in self.nodes)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> "PushPlan":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch.name, "commit": self.patch.commit, "base": self.patch.base,
+                "force": self.force, "nothing_to_do": self.nothing_to_do,
+                "nodes": [n.to_json() for n in self.nodes]}
+
+
+def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
+    """Equal to the patch: skip; equal to the base: write; else a conflict (or, forced, write)."""
+    with_mode = item.mode_changed
+    # A content change keeps the node's own permission bits; a mode change sets them.
+    keep_mode = item.base is not None and item.patch is not None and item.base.kind == FILE and not with_mode
+    action = WRITE if item.patch is not None else DELETE
+    if (live is None and item.patch is None) or (live is not None and live.matches(item.patch, with_mode)):
+        return Step(item.path, SKIP, live, item.patch, note="already patched")
+    if (live is None and item.base is None) or (live is not None and live.matches(item.base, with_mode)):
+        return Step(item.path, action, live, item.patch, keep_mode=keep_mode,
+                    note={WRITE: "add" if item.base is None else "patch", DELETE: "delete"}[action])
+    if live is None:
+        why = "missing on the node"
+    elif live.kind not in ("f", "l"):
+        why = "not a file on the node"
+    elif item.base is None:
+        why = "already exists on the node with other content"
+    else:
+        why = "modified on the node (neither the base nor the patch)"
+    if force:
+        keep = keep_mode and live is not None and live.kind == FILE
+        return Step(item.path, action, live, item.patch, keep_mode=keep, note=f"forced: {why}", forced=True)
+    return Step(item.path, CONFLICT, live, item.patch, note=why)
+
+
+def _plan_node(patch: Patch, spec: NodeSpec, force: bool) -> NodePlan:
+    plan = NodePlan(spec)
+    outside = [f.path for f in patch.files if not within(f.path, spec.paths)]
+    if outside:
+        plan.error = UsageError(f"{spec.name}: the patch touches {outside[0]}, outside the node's tracked paths "
+                                f"({', '.join(spec.paths)})")
+        return plan
+    try:
+        plan.transport = open_node(spec)
+        live = check_paths(plan.transport, spec, [f.path for f in patch.files])
+        plan.steps = [classify(f, live.get(f.path), force) for f in patch.files]
+    except SnapverError as exc:
+        plan.error = exc
+        plan.close()
+    return plan
+
+
+def plan_push(store: Store, config: Config, name: str, targets: list[str] | None = None,
+              all_nodes: bool = False, force: bool = False) -> PushPlan:
+    """Plan a push of patch ``name`` to ``targets`` (default: the patch's own nodes)."""
+    patch = load_patch(store, name)
+    names = list(targets or []) or list(patch.nodes)
+    if not names and not all_nodes:
+        raise UsageError(f"patch {name!r} names no target nodes", hint=f"say where: `snapver push {name} NODE...`")
+    specs = config.select(names, all_nodes)
+    if not patch.files:
+        return PushPlan(patch, [NodePlan(spec) for spec in specs], force)
+    with ThreadPoolExecutor(min(MAX_PARALLEL, len(specs))) as pool:
+        nodes = list(pool.map(lambda spec: _plan_node(patch, spec, force), specs))
+    for node in nodes:
+        prior = newest_record(store, node.node)
+        if prior is not None and prior.interrupted:
+            node.notes.append(f"an interrupted {prior.action} ({prior.patch or 'rollback'}, "
+                              f"{prior.time:%Y-%m-%d %H:%M}) left this node part-written; "
+                              f"`snapver rollback {node.node}` restores {str(prior.restore)[:10]}")
+    return PushPlan(patch, nodes, force)
+
+
+@dataclass
+class PushResult:
+    plan: PushPlan
+    nodes: list[NodeRun] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        codes = [n.exit_code for n in self.nodes] + [n.error.exit_code for n in self.plan.errors if n.error]
+        return max(codes, default=0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.plan.to_json(), "results": [n.to_json() for n in self.nodes], "exit_code": self.exit_code}
+
+
+def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
+               keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None) -> PushResult:
+    """Write the plan (see ``ops/plan.execute``). Refuses a plan with conflicts (unless it
+    was made with ``force``) or with unreachable nodes (unless ``keep_going``)."""
+    if plan.conflicts:
+        nodes = sorted({node for node, _ in plan.conflicts})
+        raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
+                            "no node was changed", hint="--force overwrites them (rollback can undo it)")
+    if plan.errors and not keep_going:
+        first = plan.errors[0].error
+        assert first is not None
+        raise type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
+    patch = plan.patch
+    record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
+                                                     "base": patch.base, "health": health, "force": plan.force})
+    ready = [n for n in plan.nodes if n.error is None]
+    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node)
+    return PushResult(plan, runs)
