@@ -14,6 +14,11 @@ from snapver.errors import SnapverError
 import importlib
 import pkgutil
 
+try:  # typer >= 0.22 raises usage errors from its own vendored click
+    from typer._click import ClickException as TyperClickException
+except ImportError:  # pragma: no cover - older typer uses click itself
+    TyperClickException = click.ClickException
+
 # Every other module in this package registers its commands on ``app`` when imported;
 # operations are imported inside the commands, so `--help` stays fast.
 _NOT_COMMANDS = {"app", "render", "options"}
@@ -38,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         print("snapver: aborted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as exc:
+    except (click.ClickException, TyperClickException) as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
