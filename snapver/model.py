@@ -112,6 +112,50 @@ class Manifest:
         return cls(entries)
 
 
+# What `diff --name-status` prints: content changed, added, deleted, type or mode changed.
+MODIFIED, ADDED, DELETED, TYPE_CHANGED = "M", "A", "D", "T"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One path that differs between two trees (``old`` → ``new``); None where it is absent."""
+
+    path: str
+    status: str
+    old: Entry | None
+    new: Entry | None
+
+
+def change_status(old: Entry, new: Entry) -> str | None:
+    """How two entries for one path differ: by kind, git blob id, then permission bits.
+
+    Content is compared by blob id, never by size or time. Permission bits count only
+    for files and only when both sides know them (a zero means unknown).
+    """
+    if old.kind != new.kind:
+        return TYPE_CHANGED
+    if old.oid != new.oid:
+        return MODIFIED
+    old_bits, new_bits = stat.S_IMODE(old.mode), stat.S_IMODE(new.mode)
+    if old.kind == FILE and old_bits and new_bits and old_bits != new_bits:
+        return TYPE_CHANGED
+    return None
+
+
+def compare_manifests(old: Manifest, new: Manifest) -> list[Change]:
+    """Every path that differs between two trees, sorted by path bytes (as git sorts)."""
+    changes = []
+    for path in sorted(set(old.entries) | set(new.entries), key=os.fsencode):
+        before, after = old.get(path), new.get(path)
+        if before is None:
+            changes.append(Change(path, ADDED, None, after))
+        elif after is None:
+            changes.append(Change(path, DELETED, before, None))
+        elif (status := change_status(before, after)) is not None:
+            changes.append(Change(path, status, before, after))
+    return changes
+
+
 _ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r",
             '"': '"', "\\": "\\"}
 _UNESCAPES = {value: key for key, value in _ESCAPES.items()}

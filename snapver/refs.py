@@ -1,48 +1,324 @@
-"""The ref grammar (SPEC "Refs"): text → the snapshot, patch or live node it names."""
+"""The ref grammar (SPEC "Refs"): text → the snapshot, patch or live node it names.
+
+Forms, in the order they are tried::
+
+    NODE@live                 the live node (anywhere)
+    NODE@latest               the node's newest snapshot
+    NODE@DATE                 its newest snapshot taken on or before DATE (local time)
+    REF~N                     N snapshots before REF (first parents); ``REF~`` is ``REF~1``
+    tags/NAME  patches/NAME  refs/...   a tag, a patch or any ref, named explicitly
+    NAME                      a node, a tag or a patch; more than one of them is ambiguous
+    DATE                      (naming nothing else) the snapshot taken that day, if one node has one
+    HEX (7 to 40 digits)      (naming nothing else) a snapshot or patch commit
+
+DATE is ISO (``2026-05-22``, or ``2026-05-22T14:30`` after ``@``) or spoken (``may22``,
+``may-22``, ``May 22``: the latest such day that is not in the future). A bare node
+name is the live node where a live tree fits (diff, status, patch capture) and its
+newest snapshot where only a snapshot does (tag, show, log, ``--base``, ``--to``).
+"""
 
 from __future__ import annotations
 
+import difflib
 import re
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
 
 from snapver.config import Config
-from snapver.errors import RefError
+from snapver.errors import RefError, StoreError
 from snapver.store import refs as store_refs
-from snapver.store.repo import Store
+from snapver.store.repo import Commit, Store
 
-_HEX = re.compile(r"^[0-9a-f]{7,40}$")
-_TILDE = re.compile(r"^(?P<node>[^@~]+)~(?P<n>\d+)$")
+_HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
+_TILDE = re.compile(r"^(?P<base>.+?)~(?P<n>\d*)$")
+_ISO_DAY = re.compile(r"^(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})$")
+_SPOKEN_DAY = re.compile(r"^(?P<month>[a-zA-Z]{3,9})[-_ ]?(?P<d>\d{1,2})$")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+           "september", "october", "november", "december")
+_QUALIFIERS = {"tags/": store_refs.TAGS, "patches/": store_refs.PATCHES}
+DATE_HINT = "a date is 2026-05-22, may22 or may-22"
 
 
-def resolve_snapshot(store: Store, config: Config, text: str) -> str:
-    """The commit id a ref names, where only a snapshot (or patch) fits."""
-    if text.startswith("-"):
-        raise RefError(f"unknown ref {text!r}: refs cannot start with '-'")
-    tag = store.ref(store_refs.tag_ref(text)) if store_refs.valid_ref_name(text) else None
-    node_names = set(config.nodes) | set(store.refs(store_refs.NODES))
-    if tag and text in node_names:
-        raise RefError(f"ambiguous ref {text!r}: a tag and a node share the name",
-                       hint=f"say {text}@latest for the node's newest snapshot")
-    if tag:
-        return tag
-    match = _TILDE.match(text)
-    node, back = (match["node"], int(match["n"])) if match else (text.removesuffix("@latest"), 0)
-    if node in node_names:
-        head = store.ref(store_refs.node_ref(node))
+@dataclass(frozen=True)
+class TreeRef:
+    """What a ref names where a live tree fits: a live node, or a commit (snapshot or patch)."""
+
+    text: str
+    live_node: str | None = None
+    commit: str | None = None
+
+    @property
+    def is_live(self) -> bool:
+        return self.live_node is not None
+
+
+def resolve_snapshot(store: Store | None, config: Config, text: str) -> str:
+    """The commit id a ref names where only a snapshot (or patch) fits."""
+    return Resolver(store, config).snapshot(text)
+
+
+def resolve_tree(store: Store | None, config: Config, text: str) -> TreeRef:
+    """What a ref names where a live node fits too (diff, status, patch capture)."""
+    return Resolver(store, config).tree(text)
+
+
+def parse_day(text: str, today: date | None = None) -> date | None:
+    """The day ``text`` names (ISO or spoken, e.g. ``may22``), or None if it is not a date.
+
+    A spoken day without a year is the latest such day that is not after ``today``.
+    """
+    today = today or date.today()
+    iso = _ISO_DAY.match(text)
+    if iso:
+        try:
+            return date(int(iso["y"]), int(iso["m"]), int(iso["d"]))
+        except ValueError:
+            return None
+    spoken = _SPOKEN_DAY.match(text)
+    if not spoken:
+        return None
+    word = spoken["month"].lower()
+    months = [index for index, name in enumerate(_MONTHS, 1) if name.startswith(word)]
+    if len(months) != 1:
+        return None
+    for year in (today.year, today.year - 1, today.year - 2, today.year - 3, today.year - 4):
+        try:
+            day = date(year, months[0], int(spoken["d"]))
+        except ValueError:
+            continue  # e.g. feb29 outside a leap year: try earlier years
+        if day <= today:
+            return day
+    return None
+
+
+def local_day(commit: Commit) -> date:
+    """The day (in this machine's local time) a snapshot was taken."""
+    return commit.time.astimezone().date()
+
+
+class Resolver:
+    """Resolves refs against one store and config; reads the store's refs once (one git call)."""
+
+    def __init__(self, store: Store | None, config: Config) -> None:
+        self.store = store
+        self.config = config
+        self._all_refs: dict[str, str] | None = None
+
+    # -- the two entry points ---------------------------------------------------------
+    def tree(self, text: str) -> TreeRef:
+        self._check_text(text)
+        node, at = self._split_at(text)
+        if at is not None and at.lower() == "live":
+            return TreeRef(text, live_node=self._live_node(node, text))
+        if at is None and not _TILDE.match(text):
+            found = self._names(text)
+            if len(found) == 1 and found[0][0] == "node":
+                node = found[0][1]
+                if node not in self.config.nodes:
+                    raise RefError(f"node {node!r} is not in the config, so its live tree cannot be read",
+                                   hint=f"say {node}@latest for its newest snapshot")
+                return TreeRef(text, live_node=node)
+        return TreeRef(text, commit=self.snapshot(text))
+
+    def snapshot(self, text: str) -> str:
+        self._check_text(text)
+        tilde = _TILDE.match(text)
+        if tilde:
+            return self._back(tilde["base"], int(tilde["n"] or 1), text)
+        node, at = self._split_at(text)
+        if at is not None:
+            return self._at(node, at, text)
+        for prefix, ref_prefix in _QUALIFIERS.items():
+            if text.startswith(prefix):
+                return self._qualified(ref_prefix + text[len(prefix):], text)
+        if text.startswith("refs/"):
+            return self._qualified(text, text)
+        found = self._names(text)
+        if len(found) > 1:
+            raise RefError(f"ambiguous ref {text!r}: it names " + " and ".join(f"{k} {text}" for k, _ in found),
+                           hint="say " + " or ".join(self._qualified_forms(text, found)))
+        if found:
+            kind, value = found[0]
+            return self._newest(value) if kind == "node" else value
+        day = parse_day(text)
+        if day is not None:
+            return self._on_day(day, text)
+        if _HEX.match(text):
+            commit = self._hex(text.lower())
+            if commit:
+                return commit
+        raise self._unknown(text)
+
+    # -- forms ------------------------------------------------------------------------
+    def _check_text(self, text: str) -> None:
+        if not text or not text.strip():
+            raise RefError("empty ref", hint="name a node, a tag, a date, a patch or a snapshot id")
+        if text.startswith("-"):
+            raise RefError(f"invalid ref {text!r}: a ref cannot start with '-'",
+                           hint="to diff paths, put them after `--`")
+        if any(ord(ch) < 32 for ch in text):
+            raise RefError(f"invalid ref {text!r}: control characters are not allowed")
+
+    @staticmethod
+    def _split_at(text: str) -> tuple[str, str | None]:
+        if "@" not in text or _TILDE.match(text):
+            return text, None
+        node, _, at = text.rpartition("@")
+        return node, at
+
+    def _refs_under(self, prefix: str) -> dict[str, str]:
+        """``{name: commit}`` of the store's refs below ``prefix`` (all read in one git call)."""
+        if self._all_refs is None:
+            self._all_refs = self.store.refs("refs/") if self.store is not None else {}
+        short = prefix[len("refs/"):]
+        return {name[len(short):]: commit for name, commit in self._all_refs.items() if name.startswith(short)}
+
+    def _heads_map(self) -> dict[str, str]:
+        return self._refs_under(store_refs.NODES)
+
+    def _known_nodes(self) -> list[str]:
+        return sorted(set(self.config.nodes) | set(self._heads_map()))
+
+    def _require_store(self, text: str) -> Store:
+        if self.store is None:
+            raise RefError(f"{text!r} names a snapshot, but there is no store yet",
+                           hint="run `snapver pull` first")
+        return self.store
+
+    def _live_node(self, node: str, text: str) -> str:
+        if node in self.config.nodes:
+            return node
+        if node in self._heads_map():
+            raise RefError(f"{text!r}: node {node!r} is not in the config, so its live tree cannot be read")
+        raise RefError(f"unknown node {node!r} in {text!r}",
+                       hint=f"known nodes: {', '.join(self._known_nodes()) or '(none)'}")
+
+    def _at(self, node: str, at: str, text: str) -> str:
+        if at.lower() == "live":
+            raise RefError(f"{text!r} is a live tree; only a snapshot fits here",
+                           hint=f"say {node}@latest for its newest snapshot, or `snapver pull {node}` first")
+        if node not in self._known_nodes():
+            raise RefError(f"unknown node {node!r} in {text!r}",
+                           hint=f"known nodes: {', '.join(self._known_nodes()) or '(none)'}")
+        if at.lower() == "latest":
+            return self._newest(node)
+        limit = _parse_moment(at)
+        if limit is None:
+            raise RefError(f"unknown ref {text!r}: after '@' comes live, latest or a date",
+                           hint=DATE_HINT)
+        for commit in self._history(node):
+            if commit.time <= limit:
+                return commit.id
+        raise RefError(f"{text!r}: node {node!r} has no snapshot from {at} or before",
+                       hint=self._history_hint(node))
+
+    def _back(self, base: str, steps: int, text: str) -> str:
+        start = self.snapshot(base)
+        # First parents: a node's snapshot history is linear; a patch's leads to its base.
+        chain = self._require_store(text).git("rev-list", "--first-parent", f"-n{steps + 1}", start).split()
+        if len(chain) <= steps:
+            raise RefError(f"{text!r}: {base} has only {len(chain) - 1} snapshot(s) before it")
+        return chain[steps].decode()
+
+    def _qualified(self, full_ref: str, text: str) -> str:
+        name = full_ref.split("/", 2)[-1] if not text.startswith("refs/") else full_ref
+        commit = self._require_store(text).ref(full_ref) if store_refs.valid_ref_name(name) else None
+        if commit is None:
+            raise self._unknown(text)
+        return commit
+
+    def _names(self, text: str) -> list[tuple[str, str]]:
+        """Every name ``text`` matches: ("node", name), ("tag", commit), ("patch", commit)."""
+        found: list[tuple[str, str]] = []
+        if text in self.config.nodes or text in self._heads_map():
+            found.append(("node", text))
+        for kind, prefix in (("tag", store_refs.TAGS), ("patch", store_refs.PATCHES)):
+            commit = self._refs_under(prefix).get(text)
+            if commit:
+                found.append((kind, commit))
+        return found
+
+    @staticmethod
+    def _qualified_forms(text: str, found: list[tuple[str, str]]) -> list[str]:
+        forms = {"node": f"{text}@live (the live node) or {text}@latest (its newest snapshot)",
+                 "tag": f"tags/{text} (the tag)", "patch": f"patches/{text} (the patch)"}
+        return [forms[kind] for kind, _ in found]
+
+    def _newest(self, node: str) -> str:
+        self._require_store(f"{node}@latest")
+        head = self._heads_map().get(node)
         if head is None:
             raise RefError(f"node {node!r} has no snapshot yet", hint=f"run `snapver pull {node}`")
-        history = store.commits([head], limit=back + 1)
-        if len(history) <= back:
-            raise RefError(f"{text!r}: node {node!r} has only {len(history)} snapshots")
-        return history[back].id
-    if _HEX.match(text):
-        found = store.git("rev-parse", "--disambiguate=" + text).decode().split() if len(text) < 40 else [text]
-        commits = [oid for oid in found if store.git("cat-file", "-t", oid).strip() == b"commit"]
-        if len(commits) == 1:
-            return commits[0]
+        return head
+
+    def _history(self, node: str) -> list[Commit]:
+        head = self._newest(node)
+        return self._require_store(node).commits([head])
+
+    def _history_hint(self, node: str) -> str:
+        days = sorted({local_day(c).isoformat() for c in self._history(node)})
+        return f"{node} has snapshots from {', '.join(days[:3])}" + (" …" if len(days) > 3 else "")
+
+    def _on_day(self, day: date, text: str) -> str:
+        self._require_store(text)
+        chosen: dict[str, str] = {}
+        for node in sorted(self._heads_map()):
+            for commit in self._history(node):
+                if local_day(commit) == day:
+                    chosen[node] = commit.id  # newest first: keep the first seen
+                    break
+        if len(chosen) == 1:
+            return next(iter(chosen.values()))
+        if chosen:
+            raise RefError(f"ambiguous ref {text!r}: {len(chosen)} nodes have a snapshot from {day.isoformat()}",
+                           hint="say " + " or ".join(f"{node}@{text}" for node in chosen))
+        raise RefError(f"no snapshot was taken on {day.isoformat()} ({text!r}) and no tag is called that",
+                       hint=f"say NODE@{text} for a node's newest snapshot on or before that day")
+
+    def _hex(self, prefix: str) -> str | None:
+        store = self._require_store(prefix)
+        if len(prefix) == 40:
+            candidates = [prefix]
+        else:
+            try:
+                candidates = store.git("rev-parse", f"--disambiguate={prefix}").decode().split()
+            except StoreError:  # no object starts with it
+                candidates = []
+        if not candidates:
+            return None
+        out = store.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                        input="".join(f"{oid}\n" for oid in candidates).encode())
+        commits = [line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit")]
         if len(commits) > 1:
-            raise RefError(f"ambiguous ref {text!r}", hint="could be: " + ", ".join(c[:12] for c in commits))
-    patch = store.ref(store_refs.patch_ref(text)) if store_refs.valid_ref_name(text) else None
-    if patch:
-        return patch
-    known = sorted(node_names) + sorted(store.refs(store_refs.TAGS))
-    raise RefError(f"unknown ref {text!r}", hint=f"known nodes and tags: {', '.join(known) or '(none)'}")
+            raise RefError(f"ambiguous ref {prefix!r}: {len(commits)} commits start with it",
+                           hint="say one of " + ", ".join(c[:12] for c in sorted(commits)))
+        return commits[0] if commits else None
+
+    def _unknown(self, text: str) -> RefError:
+        tags = sorted(self._refs_under(store_refs.TAGS))
+        patches = sorted(self._refs_under(store_refs.PATCHES))
+        nodes = self._known_nodes()
+        near = difflib.get_close_matches(text, nodes + tags + patches, n=3, cutoff=0.6)
+        known = [f"nodes: {', '.join(nodes) or '(none)'}"]
+        if tags:
+            known.append(f"tags: {_few(tags)}")
+        if patches:
+            known.append(f"patches: {_few(patches)}")
+        hint = (f"did you mean {' or '.join(near)}? " if near else "") + "; ".join(known)
+        return RefError(f"unknown ref {text!r}: not a node, tag, patch, date or snapshot id", hint=hint)
+
+
+def _few(names: list[str], limit: int = 8) -> str:
+    return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _parse_moment(text: str) -> datetime | None:
+    """The latest moment ``NODE@text`` admits: the end of a day, or an ISO time (local)."""
+    day = parse_day(text)
+    if day is not None:
+        return datetime.combine(day + timedelta(days=1), time.min).astimezone() - timedelta(microseconds=1)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.astimezone()
