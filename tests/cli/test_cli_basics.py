@@ -1,0 +1,327 @@
+"""The first commands as a user types them: init, nodes [--check], pull, log, show, fsck.
+
+Each runs `python -m snapver` in a subprocess; exit codes and output are checked, and
+no run may print a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+from helpers import Result
+
+import snapver
+
+SRT = "sglang/srt"
+DIST_INFO = {"sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n"}
+
+
+def ok(result: Result) -> Result:
+    assert result.code == 0, str(result)
+    assert "Traceback" not in result.out + result.err, str(result)
+    return result
+
+
+def fails(result: Result, code: int, *words: str) -> Result:
+    """Exit ``code`` with one `snapver: error:` line (and maybe a hint) naming ``words``."""
+    assert result.code == code, str(result)
+    assert "Traceback" not in result.out + result.err, str(result)
+    assert result.err.startswith("snapver: error: "), str(result)
+    lines = [line for line in result.err.splitlines() if line]
+    assert len(lines) <= 2 and all(line.startswith(("snapver: error: ", "hint: ")) for line in lines), str(result)
+    for word in words:
+        assert word in result.err, f"{word!r} not in:\n{result}"
+    return result
+
+
+def git(store: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(store), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture
+def fleet(make_site_packages, ssh_node, local_node, write_config, tmp_path) -> dict[str, Path]:
+    """ct200 (ssh), laptop (local), both healthy; group tp8; the config in the cwd."""
+    sites = {
+        "ct200": make_site_packages("ct200", files={**DIST_INFO, f"{SRT}/a.py": "a = 1\n",
+                                                    f"{SRT}/bin.dat": b"\x00\xff\xfe caf\xe9\n"}),
+        "laptop": make_site_packages("laptop", files={f"{SRT}/a.py": "a = 1\n"}),
+    }
+    write_config({"ct200": ssh_node("ct200", sites["ct200"]), "laptop": local_node(sites["laptop"])},
+                 groups={"tp8": ["ct200", "laptop"]})
+    return sites
+
+
+# --------------------------------------------------------------------------- the basics
+
+
+def test_version_and_help(run_snapver) -> None:
+    assert ok(run_snapver("--version")).out.strip() == f"snapver {snapver.__version__}"
+    helped = ok(run_snapver("--help")).out
+    for command in ("init", "nodes", "pull", "log", "show", "fsck"):
+        assert re.search(rf"^\W*{command}\b", helped, re.MULTILINE), helped
+    bare = run_snapver()  # no arguments: the help, never a traceback
+    assert bare.code in (0, 2) and "Commands" in bare.out + bare.err and "Traceback" not in bare.err
+
+
+def test_unknown_command_and_option_are_usage_errors(run_snapver) -> None:
+    for args in (["frobnicate"], ["log", "-n", "zero"]):
+        result = run_snapver(*args)
+        assert result.code == 2, str(result)
+        assert "Traceback" not in result.err
+
+
+def test_init_writes_the_example_and_an_empty_store(run_snapver) -> None:
+    here = Path.cwd()
+    out = ok(run_snapver("init")).out
+    config = here / ".snapver"
+    assert str(config) in out
+    text = config.read_text()
+    for key in ("path", "user", "paths", "exclude", "identity_file", "known_hosts", "host_key_policy",
+                "connect_timeout", "host", "port", "site_packages", "python", "local"):
+        assert re.search(rf"^#?\s*{key}\b", text, re.MULTILINE), f"{key} is not documented"
+    assert "\n[groups]\n" in text
+    parsed = tomllib.loads(text)
+    assert parsed["nodes"]["local"]["site_packages"] == sysconfig.get_paths()["purelib"]
+    assert git(here / "snapshots", "rev-parse", "--is-bare-repository").strip() == "true"
+    # A second init keeps the user's edits.
+    config.write_text(text + "\n# my edit\n")
+    assert "kept" in ok(run_snapver("init")).out
+    assert config.read_text().endswith("# my edit\n")
+    # The embedded local node has no sglang here: exit 3 naming the remote path.
+    fails(run_snapver("pull"), 3, str(Path(sysconfig.get_paths()["purelib"]) / "sglang"))
+
+
+def test_config_is_found_by_flag_environment_and_parents(fleet, run_snapver, tmp_path) -> None:
+    deep = Path.cwd() / "a" / "b"
+    deep.mkdir(parents=True)
+    assert "ct200" in ok(run_snapver("nodes", cwd=deep)).out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = Path.cwd() / ".snapver"
+    assert "ct200" in ok(run_snapver("--config", str(config), "nodes", cwd=elsewhere)).out
+    assert "ct200" in ok(run_snapver("nodes", cwd=elsewhere, env={"SNAPVER_CONFIG": str(config)})).out
+    fails(run_snapver("--config", str(tmp_path / "missing.toml"), "nodes"), 2, "missing.toml")
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def test_nodes_lists_nodes_and_groups(fleet, run_snapver) -> None:
+    out = ok(run_snapver("nodes")).out
+    assert "ct200" in out and "laptop" in out and "group tp8: ct200, laptop" in out
+    assert str(fleet["ct200"]) in out
+    document = json.loads(ok(run_snapver("nodes", "--json")).out)
+    assert [node["node"] for node in document["nodes"]] == ["ct200", "laptop"]
+    assert document["groups"] == {"tp8": ["ct200", "laptop"]}
+
+
+def test_nodes_check_reaches_every_node(fleet, ssh_node, local_node, write_config, run_snapver, tmp_path) -> None:
+    out = ok(run_snapver("nodes", "--check")).out
+    ct200 = next(line for line in out.splitlines() if line.startswith("ct200"))
+    assert "yes" in ct200 and "sglang 0.5.23" in ct200 and str(fleet["ct200"]) in ct200
+    assert re.search(r"3\.\d+\.\d+", ct200)
+
+    write_config({"ct200": ssh_node("ct200", fleet["ct200"]),
+                  "dead": ssh_node("fleet00", fleet["ct200"], port=closed_port()),
+                  "nosite": local_node(tmp_path / "no-such-site")})
+    result = run_snapver("nodes", "--check")
+    assert result.code == 3, str(result)
+    assert "Traceback" not in result.err
+    assert "dead" in result.err and str(tmp_path / "no-such-site") in result.err
+    rows = {line.split()[0]: line for line in result.out.splitlines() if line.strip()}
+    assert "yes" in rows["ct200"] and " no " in rows["dead"] + " " and " no " in rows["nosite"] + " "
+    document = json.loads(run_snapver("nodes", "--check", "--json").out)
+    assert {n["node"]: n["reachable"] for n in document["nodes"]} == {"ct200": True, "dead": False,
+                                                                     "nosite": False}
+
+
+def closed_port() -> int:
+    """A loopback port with nobody listening."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.10", 0))
+        return probe.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- pull
+
+
+def test_pull_prints_one_summary_line_per_node(fleet, run_snapver) -> None:
+    result = ok(run_snapver("pull", "tp8"))
+    lines = result.out.splitlines()
+    assert len(lines) == 2, result.out
+    for line in lines:
+        assert re.fullmatch(r"(ct200|laptop): snapshot [0-9a-f]{10} — \d+ files, \d+ changed, "
+                            r"[\d.]+ k?B transferred .*[\d.]+ s", line), line
+    assert result.err == ""  # no progress bar without a terminal
+    again = ok(run_snapver("pull", "tp8"))
+    assert all("unchanged since" in line for line in again.out.splitlines())
+
+
+def test_pull_shows_a_progress_bar_on_a_terminal(fleet, run_snapver) -> None:
+    master, slave = os.openpty()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), TERM="xterm")
+    process = subprocess.Popen([sys.executable, "-m", "snapver", "pull", "laptop"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    out = process.stdout.read() if process.stdout else b""
+    process.wait(timeout=60)
+    terminal = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    os.close(master)
+    assert process.returncode == 0, (out, terminal)
+    assert b"pulling" in terminal and b"files" in terminal
+    assert b"laptop: snapshot" in out
+
+
+def test_pull_usage_errors(fleet, run_snapver) -> None:
+    fails(run_snapver("pull", "ct201"), 2, "ct201", "ct200", "laptop", "tp8")
+    fails(run_snapver("pull"), 2, "ct200", "laptop", "--all")
+    fails(run_snapver("pull", "tp8", "--tag", "v1"), 2, "--tag")
+    fails(run_snapver("pull", "ct200", "--tag", "bad name"), 2, "bad name")
+    assert not (Path.cwd() / "snapshots" / "refs" / "tags" / "v1").exists()
+
+
+def test_pull_tag_and_message(fleet, run_snapver) -> None:
+    ok(run_snapver("pull", "ct200", "--tag", "may22", "-m", "before the dflash fix"))
+    store = Path.cwd() / "snapshots"
+    head = git(store, "rev-parse", "refs/heads/nodes/ct200").strip()
+    assert git(store, "rev-parse", "may22^{commit}").strip() == head
+    assert "before the dflash fix" in git(store, "log", "-1", "--format=%B", head)
+
+
+def test_pull_json_is_one_document(fleet, run_snapver) -> None:
+    result = ok(run_snapver("pull", "--json", "tp8"))
+    document = json.loads(result.out)
+    assert document["exit_code"] == 0
+    assert {n["node"] for n in document["nodes"]} == {"ct200", "laptop"}
+    for node in document["nodes"]:
+        assert {"snapshot", "unchanged_since", "files", "changed", "fetched_files", "fetched_bytes",
+                "seconds", "error"} <= set(node)
+
+
+# --------------------------------------------------------------------------- log and show
+
+
+@pytest.fixture
+def history(fleet, run_snapver) -> dict[str, str]:
+    """Two snapshots of ct200 (the second tagged) and one of laptop: name → commit id."""
+    store = Path.cwd() / "snapshots"
+    ok(run_snapver("pull", "ct200"))
+    first = git(store, "rev-parse", "refs/heads/nodes/ct200").strip()
+    (fleet["ct200"] / SRT / "a.py").write_text("a = 2  # hot-fix\n")
+    (fleet["ct200"] / SRT / "new.py").write_text("new\n")
+    ok(run_snapver("pull", "ct200", "--tag", "hotfix", "-m", "after the hot-fix"))
+    ok(run_snapver("pull", "laptop"))
+    return {"first": first, "second": git(store, "rev-parse", "refs/heads/nodes/ct200").strip(),
+            "laptop": git(store, "rev-parse", "refs/heads/nodes/laptop").strip()}
+
+
+def test_log_lists_snapshots_newest_first(history, run_snapver) -> None:
+    lines = ok(run_snapver("log")).out.splitlines()
+    assert [line.split()[0] for line in lines] == [history[k][:10] for k in ("laptop", "second", "first")]
+    second = lines[1]
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", second)
+    assert "ct200" in second and "3 files, 2 changed" in second and "sglang 0.5.23" in second
+    assert "hotfix" in second and "after the hot-fix" in second
+    assert "3 files" not in lines[2] and "2 files, 2 changed" in lines[2]
+
+    only = ok(run_snapver("log", "ct200", "-n", "1")).out.splitlines()
+    assert [line.split()[0] for line in only] == [history["second"][:10]]
+    document = json.loads(ok(run_snapver("log", "--json", "ct200")).out)
+    assert [s["id"] for s in document["snapshots"]] == [history["second"], history["first"]]
+    assert document["snapshots"][0]["tags"] == ["hotfix"]
+    fails(run_snapver("log", "ct201"), 2, "ct201", "ct200", "laptop")
+
+
+def test_show_metadata_and_file_content(history, fleet, run_snapver) -> None:
+    out = ok(run_snapver("show", "ct200")).out
+    assert history["second"] in out
+    for expected in ("ct200", str(fleet["ct200"]), "sglang 0.5.23", "hotfix", "after the hot-fix", "3 "):
+        assert expected in out, out
+    assert ok(run_snapver("show", "hotfix")).out.splitlines()[0] == f"snapshot {history['second']}"
+    assert ok(run_snapver("show", history["first"][:8])).out.splitlines()[0] == f"snapshot {history['first']}"
+    old = subprocess.run([sys.executable, "-m", "snapver", "show", "ct200~1", f"{SRT}/a.py"],
+                         capture_output=True, env=dict(os.environ, PYTHONPATH=str(Path(snapver.__file__).parents[1])))
+    assert (old.returncode, old.stdout) == (0, b"a = 1\n")
+    binary = subprocess.run([sys.executable, "-m", "snapver", "show", "ct200", f"{SRT}/bin.dat"],
+                            capture_output=True, env=dict(os.environ,
+                                                          PYTHONPATH=str(Path(snapver.__file__).parents[1])))
+    assert binary.stdout == (fleet["ct200"] / SRT / "bin.dat").read_bytes()
+    document = json.loads(ok(run_snapver("show", "--json", "ct200")).out)
+    assert document["id"] == history["second"]
+    assert {e["path"] for e in document["manifest"]} == {f"{SRT}/a.py", f"{SRT}/bin.dat", f"{SRT}/new.py"}
+
+    fails(run_snapver("show", "ct200", f"{SRT}/nope.py"), 2, "nope.py")
+    fails(run_snapver("show", "nosuch"), 2, "nosuch", "ct200")
+    fails(run_snapver("show", "ct200~5"), 2, "ct200")
+
+
+# --------------------------------------------------------------------------- fsck
+
+
+def test_fsck_passes_a_sound_store_and_catches_a_lying_manifest(history, run_snapver) -> None:
+    store = Path.cwd() / "snapshots"
+    assert re.search(r"store ok: 3 snapshots", ok(run_snapver("fsck")).out)
+    # Forge a snapshot whose tree no longer matches its manifest: a.py replaced behind snapver's back.
+    head = history["second"]
+    forged_blob = subprocess.run(["git", "--git-dir", str(store), "hash-object", "-w", "--stdin"],
+                                 input=b"forged\n", capture_output=True, check=True).stdout.decode().strip()
+    index = {**os.environ, "GIT_INDEX_FILE": str(store / "forge-index")}
+    subprocess.run(["git", "--git-dir", str(store), "read-tree", head], env=index, check=True)
+    subprocess.run(["git", "--git-dir", str(store), "update-index", "--cacheinfo",
+                    f"100644,{forged_blob},{SRT}/a.py"], env=index, check=True)
+    tree = subprocess.run(["git", "--git-dir", str(store), "write-tree"], env=index, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    message = git(store, "log", "-1", "--format=%B", head)
+    forged = subprocess.run(["git", "--git-dir", str(store), "-c", "user.name=x", "-c", "user.email=x@x",
+                             "commit-tree", tree, "-p", head], input=message, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    git(store, "update-ref", "refs/heads/nodes/ct200", forged)
+    result = run_snapver("fsck")
+    assert result.code == 4, str(result)
+    assert "Traceback" not in result.err
+    assert f"{SRT}/a.py" in result.err and forged[:10] in result.err
+
+
+def test_commands_need_a_store(fleet, run_snapver) -> None:
+    for args in (["log"], ["show", "ct200"], ["fsck"]):
+        fails(run_snapver(*args), 4, "snapshots", "snapver pull")
+
+
+# --------------------------------------------------------------------------- bad configs
+
+BAD = {
+    "unknown key": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\nhots = 'x'\n", "nodes.ct200.hots"),
+    "wrong type": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\nport = '22'\n", "nodes.ct200.port"),
+    "no site_packages": ("[nodes.ct200]\nhost = 'h'\n", "nodes.ct200"),
+    "group of ghosts": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\n[groups]\ntp8 = ['ct200', 'ct129']\n",
+                        "groups.tp8"),
+    "not TOML": ("[nodes.ct200\nhost = \n", "not valid TOML"),
+}
+
+
+@pytest.mark.parametrize(("case", "command"), [
+    ("unknown key", ["pull", "ct200"]), ("wrong type", ["nodes", "--check"]), ("no site_packages", ["log"]),
+    ("group of ghosts", ["show", "ct200"]), ("not TOML", ["fsck"])], ids=list(BAD))
+def test_bad_config_is_exit_2_naming_file_and_key(run_snapver, case: str, command: list[str]) -> None:
+    text, key = BAD[case]
+    config = Path.cwd() / ".snapver"
+    config.write_text(text)
+    fails(run_snapver(*command), 2, str(config), key)
