@@ -1,0 +1,133 @@
+"""`snapver diff A [B] [-- PATH...]`: parse, call ops.diff, render."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional
+
+import click
+import typer
+from typer.core import TyperCommand
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape
+
+PATHS_KEY = "snapver.paths"
+
+
+class RefsThenPathsCommand(TyperCommand):
+    """Keeps what follows ``--`` apart (paths), so that refs and paths never mix."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            split = args.index("--")
+            ctx.meta[PATHS_KEY] = args[split + 1:]
+            args = args[:split]
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=RefsThenPathsCommand)
+def diff(
+    ctx: typer.Context,
+    refs: List[str] = typer.Argument(..., metavar="A [B]", show_default=False,
+                                     help="Two trees (node = live, node@latest, tag, may22, id, patch); "
+                                     "one: a node's newest snapshot against its live tree. Paths go after `--`."),
+    name_status: bool = typer.Option(False, "--name-status", help="One line per changed file: M/A/D/T, tab, path."),
+    stat: bool = typer.Option(False, "--stat", help="A diffstat."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
+    unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Compare two trees by content: exit 0 identical, 1 different."""
+    from snapver.errors import UsageError
+    from snapver.ops.diff import diff as run_diff
+
+    paths = ctx.meta.get(PATHS_KEY, [])
+    if len(refs) > 2:
+        raise UsageError(f"diff takes one or two trees, got {len(refs)}: {' '.join(refs)}",
+                         hint="put paths after `--`: snapver diff A B -- sglang/srt/x.py")
+    if sum((name_status, stat, quiet, json_out)) > 1:
+        raise UsageError("choose one of --name-status, --stat, -q and --json")
+    config = STATE.config()
+    store = _store_if_any(config)
+    result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
+                      contents=not (quiet or name_status or json_out), context=unified)
+    if json_out:
+        emit_json(result.to_json())
+    elif quiet:
+        pass
+    elif name_status:
+        _name_status(result)
+    elif stat:
+        _stat(result)
+    else:
+        _unified(result)
+    return result.exit_code
+
+
+def _store_if_any(config: Any) -> Any:
+    """The store, or None when none exists yet (live nodes can still be compared)."""
+    if not (config.store_path / "HEAD").exists():
+        return None
+    return STATE.store(config)
+
+
+def _name_status(result: Any) -> None:
+    from snapver.model import quote_path
+
+    out = sys.stdout.buffer
+    for change in result.changes:
+        out.write(f"{change.status}\t{quote_path(change.path)}\n".encode("utf-8", "surrogateescape"))
+    out.flush()
+
+
+def _stat(result: Any) -> None:
+    from snapver.model import quote_path
+
+    files = result.files or []
+    if not files:
+        return
+    names = [quote_path(f.change.path) for f in files]
+    width = max(len(name) for name in names)
+    most = max((f.added + f.removed for f in files), default=0)
+    bar_room = max(10, min(50, console().width - width - 12))
+    scale = min(1.0, bar_room / most) if most else 1.0
+    digits = len(str(most))
+    out = console()
+    for name, f in zip(names, files):
+        if f.binary:
+            counts = f"Bin {f.old_size} -> {f.new_size} bytes"
+        else:
+            plus = max(1, round(f.added * scale)) if f.added else 0
+            minus = max(1, round(f.removed * scale)) if f.removed else 0
+            counts = f"{f.added + f.removed:>{digits}} [green]{'+' * plus}[/green][red]{'-' * minus}[/red]"
+        out.print(f" {escape(name):<{width}} | {counts}")
+    added = sum(f.added for f in files)
+    removed = sum(f.removed for f in files)
+    out.print(f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "
+              f"{added} insertion{'s' if added != 1 else ''}(+), {removed} deletion{'s' if removed != 1 else ''}(-)")
+
+
+_COLOURS = ((b"diff --git ", b"\033[1m"), (b"index ", b"\033[1m"), (b"--- ", b"\033[1m"), (b"+++ ", b"\033[1m"),
+            (b"old mode ", b"\033[1m"), (b"new mode ", b"\033[1m"), (b"new file mode ", b"\033[1m"),
+            (b"deleted file mode ", b"\033[1m"), (b"@@", b"\033[36m"), (b"+", b"\033[32m"), (b"-", b"\033[31m"))
+
+
+def _unified(result: Any) -> None:
+    out = sys.stdout.buffer
+    colour = STATE.color and sys.stdout.isatty()
+    for file in result.files or []:
+        if not colour:
+            out.write(file.text)
+            continue
+        for line in file.text.splitlines(keepends=True):
+            out.write(_colour_line(line))
+    out.flush()
+
+
+def _colour_line(line: bytes) -> bytes:
+    for prefix, code in _COLOURS:
+        if line.startswith(prefix):
+            body = line.rstrip(b"\n")
+            return code + body + b"\033[0m" + line[len(body):]
+    return line

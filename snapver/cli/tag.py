@@ -1,0 +1,62 @@
+"""`snapver tag NAME [REF]` / `tag --list` / `tag -d NAME`: parse, call ops.tag, render."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape
+
+
+@app.command()
+def tag(
+    name: Optional[str] = typer.Argument(None, help="The tag to create (or, with -d, delete)."),
+    ref: Optional[str] = typer.Argument(None, help="The snapshot to name (default: the newest; "
+                                        "a node name = its newest snapshot)."),
+    list_tags: bool = typer.Option(False, "-l", "--list", help="List tags: snapshot, node, date."),
+    delete: bool = typer.Option(False, "-d", "--delete", help="Delete tag NAME."),
+    force: bool = typer.Option(False, "-f", "--force", help="Move an existing tag."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Name a snapshot; list or delete names."""
+    from snapver.errors import UsageError
+    from snapver.ops import tag as ops
+
+    config = STATE.config()
+    out = console()
+    if list_tags or (name is None and not delete):
+        if name is not None or delete:
+            raise UsageError("--list takes no tag name and no -d")
+        tags = ops.list_tags(STATE.store(config)) if (config.store_path / "HEAD").exists() else []
+        if json_out:
+            emit_json({"tags": [t.to_json() for t in tags]})
+        elif not tags:
+            out.print("no tags yet (snapver tag NAME [REF])")
+        for info in tags if not json_out else []:
+            out.print(f"{escape(info.name):<20} {info.commit[:10]}  {info.time:%Y-%m-%d %H:%M}  "
+                      f"{escape(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else ""))
+        return 0
+    if name is None:
+        raise UsageError("-d needs the tag to delete: snapver tag -d NAME")
+    store = STATE.store(config)
+    if delete:
+        if ref is not None:
+            raise UsageError("tag -d takes one name")
+        info = ops.delete_tag(store, name)
+        result = {"deleted": info.to_json()}
+        message = f"deleted tag {escape(name)} (was {info.commit[:10]})"
+    else:
+        info = ops.create_tag(store, config, name, ref, force)
+        result = {"tag": info.to_json()}
+        verb = "moved" if info.replaced else ("kept" if info.note == "already there" else "tagged")
+        message = (f"{verb} {escape(name)} → {info.commit[:10]} ({escape(info.node)}, "
+                   f"{info.time:%Y-%m-%d %H:%M})")
+        if info.note and info.note != "already there":
+            console(stderr=True).print(f"note: {escape(info.note)}")
+    if json_out:
+        emit_json(result)
+    else:
+        out.print(message)
+    return 0

@@ -1,0 +1,50 @@
+"""`snapver verify NODE...`: parse, call ops.verify, render."""
+
+from __future__ import annotations
+
+import sys
+from typing import List
+
+import typer
+
+from snapver.cli.app import STATE, app
+from snapver.cli.render import console, emit_json, escape
+
+
+@app.command()
+def verify(
+    targets: List[str] = typer.Argument(..., metavar="NODE|GROUP...", show_default=False,
+                                        help="Nodes (or groups) to check."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> int:
+    """Live files against the installed distribution's RECORD: what changed since `pip install`."""
+    from snapver.model import quote_path
+    from snapver.ops.verify import verify as run_verify
+
+    config = STATE.config()
+    results = run_verify(config.select(targets))
+    code = max((r.exit_code for r in results), default=0)
+    if json_out:
+        emit_json({"nodes": [r.to_json() for r in results], "exit_code": code})
+        return code
+    out = console()
+    err = console(stderr=True)
+    for result in results:
+        name = escape(result.node)
+        if result.error is not None:
+            err.print(f"snapver: error: {escape(result.error.message)}")
+            if result.error.hint:
+                err.print(f"hint: {escape(result.error.hint)}")
+            continue
+        for label, paths in (("M", result.modified), ("D", result.missing), ("A", result.extra)):
+            for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)
+                sys.stdout.buffer.write(f"{label}\t{quote_path(path)}\n".encode("utf-8", "surrogateescape"))
+        sys.stdout.flush()
+        against = escape(", ".join(result.dists))
+        if result.unverifiable:
+            out.print(f"{name}: {len(result.unverifiable)} file(s) RECORD lists without a hash (unverifiable)")
+        verdict = "[green]pristine[/green]" if result.clean else (
+            f"[red]{len(result.modified)} modified, {len(result.missing)} missing, "
+            f"{len(result.extra)} extra[/red]")
+        out.print(f"{name}: {result.checked} files checked against the RECORD of {against}: {verdict}")
+    return code

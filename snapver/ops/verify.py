@@ -1,0 +1,163 @@
+"""verify: a node's live files against the pristine hashes in its distribution's RECORD.
+
+The node reads and hashes its own files (sha256, or whatever algorithm RECORD names,
+with the standard library); only the RECORD, the listing and the hashes cross the wire.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapver.config import NodeSpec
+from snapver.errors import RemotePathError, SnapverError
+from snapver.model import DistInfo, is_safe_relpath
+from snapver.transport import agent
+from snapver.transport.base import Transport, open_transport
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """One RECORD row for a tracked path: its hash (hex) if RECORD gives one."""
+
+    path: str
+    algo: str | None
+    digest: str | None
+    size: int | None
+
+
+@dataclass
+class NodeVerify:
+    """What verifying one node found."""
+
+    node: str
+    dists: list[str] = field(default_factory=list)
+    checked: int = 0
+    modified: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    unverifiable: list[str] = field(default_factory=list)
+    error: SnapverError | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not (self.modified or self.missing or self.extra)
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return self.error.exit_code
+        return 0 if self.clean else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "dists": self.dists, "checked": self.checked, "modified": self.modified,
+                "missing": self.missing, "extra": self.extra, "unverifiable": self.unverifiable,
+                "error": str(self.error) if self.error else None, "exit_code": self.exit_code}
+
+
+def verify(specs: list[NodeSpec]) -> list[NodeVerify]:
+    """Verify every node in ``specs`` against its RECORD, in parallel."""
+    with ThreadPoolExecutor(max(1, min(32, len(specs)))) as pool:
+        return list(pool.map(verify_node, specs))
+
+
+def verify_node(spec: NodeSpec) -> NodeVerify:
+    result = NodeVerify(spec.name)
+    try:
+        with open_transport(spec) as transport:
+            record, dists = read_record(transport)
+            result.dists = [f"{d.name} {d.version}" for d in dists]
+            live = {e.path for e in transport.list_tree(want_oids=False).entries}
+            hashes = hash_like_record(transport, [e for e in record.values() if e.path in live])
+            for path, entry in sorted(record.items()):
+                if path not in live or (entry.digest is not None and hashes.get(path) is None):
+                    result.missing.append(path)
+                elif entry.digest is None or entry.algo not in hashlib.algorithms_guaranteed:
+                    result.unverifiable.append(path)
+                else:
+                    result.checked += 1
+                    if hashes[path] != entry.digest:
+                        result.modified.append(path)
+            result.extra = sorted(live - set(record))
+    except SnapverError as exc:
+        result.error = exc
+    return result
+
+
+def read_record(transport: Transport) -> tuple[dict[str, RecordEntry], list[DistInfo]]:
+    """The RECORD rows of the distributions owning the tracked paths, for tracked paths only."""
+    info = transport.info
+    spec = transport.spec
+    assert info is not None
+    dists = list(info.dists)
+    if not dists:
+        raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
+                              f"{', '.join(spec.paths)} in {info.site_packages}",
+                              hint="verify needs the RECORD that pip wrote when it installed the package")
+    record: dict[str, RecordEntry] = {}
+    found = False
+    for path, kind, data in transport.read_files([f"{d.dist_info}/RECORD" for d in dists]):
+        if kind is None:
+            continue
+        found = True
+        for entry in parse_record(data):
+            if is_tracked(entry.path, spec.paths, spec.exclude):
+                record[entry.path] = entry
+    if not found:
+        raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in dists)} has no RECORD file")
+    return record, dists
+
+
+def parse_record(data: bytes) -> list[RecordEntry]:
+    """RECORD (CSV: path, ``algo=urlsafe-base64``, size) → entries with hex digests."""
+    entries = []
+    text = data.decode("utf-8", "surrogateescape")
+    for row in csv.reader(io.StringIO(text)):
+        if not row or not row[0]:
+            continue
+        path = posixpath.normpath(row[0])
+        if not is_safe_relpath(path):
+            continue  # e.g. ../../bin/sglang: outside site-packages, never tracked
+        algo = digest = None
+        if len(row) > 1 and "=" in row[1]:
+            algo, _, encoded = row[1].partition("=")
+            try:
+                digest = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
+            except (ValueError, TypeError):
+                algo = digest = None
+        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+        entries.append(RecordEntry(path, algo, digest, size))
+    return entries
+
+
+def is_tracked(path: str, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
+    """True when ``path`` lies under a tracked path and no exclude pattern drops it (as the agent walks)."""
+    for root in tracked:
+        if not path.startswith(root + "/"):
+            continue
+        parts = path.split("/")
+        depth = len(root.split("/"))
+        for index in range(depth, len(parts)):
+            is_dir = index < len(parts) - 1
+            if agent.excluded(parts[index], "/".join(parts[:index + 1]), is_dir, list(exclude)):
+                return False
+        return True
+    return False
+
+
+def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[str, str | None]:
+    """Hash each entry's live file on the node with the algorithm its RECORD row names."""
+    by_algo: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.algo in hashlib.algorithms_guaranteed and entry.digest:
+            by_algo.setdefault(entry.algo, []).append(entry.path)
+    hashes: dict[str, str | None] = {}
+    for algo, paths in by_algo.items():
+        hashes.update(transport.hash_files(paths, algo))
+    return hashes
