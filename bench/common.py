@@ -37,7 +37,10 @@ if str(TESTS_DIR) not in sys.path:
 import conftest as fixtures  # noqa: E402
 from helpers import Sshd, toml_dumps  # noqa: E402
 
-__all__ = ["BenchEnv", "Case", "bench_env", "find_wheel", "interleave", "median", "print_table", "run"]
+TIME_BINARY = "/usr/bin/time"  # GNU time: -f %M is the peak resident set in KiB
+
+__all__ = ["BenchEnv", "Case", "bench_env", "find_wheel", "interleave", "median", "print_table", "run",
+           "run_measured", "run_measured_all"]
 
 
 @dataclass
@@ -132,6 +135,71 @@ def run(command: Sequence[str], check: bool = True, **kwargs: Any) -> subprocess
     return completed
 
 
+def run_measured_all(commands: Sequence[Sequence[str]], check: bool = True,
+                     **kwargs: Any) -> list[tuple[subprocess.CompletedProcess[bytes], int]]:
+    """Run ``commands`` at once (no stdin, output captured); wait for all of them.
+
+    Returns ``(completed, peak KiB)`` per command: the largest resident set of the
+    command and of every child it waited for, as ``/usr/bin/time -f %M`` reports it.
+    (Not this process's own wait4/RUSAGE_CHILDREN: a child forked from here starts
+    with this Python's resident set as its high-water mark, and RUSAGE_CHILDREN only
+    ever grows.)
+    """
+    started = []
+    for command in commands:
+        stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        report = tempfile.NamedTemporaryFile(prefix="bench-time-", delete=False)
+        report.close()
+        process = subprocess.Popen([TIME_BINARY, "-f", "%M", "-o", report.name, *command],
+                                   stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, **kwargs)
+        started.append((command, process, stdout, stderr, Path(report.name)))
+    results = []
+    for command, process, stdout, stderr, report in started:
+        process.wait()
+        outputs = []
+        for handle in (stdout, stderr):
+            handle.seek(0)
+            outputs.append(handle.read())
+            handle.close()
+        lines = report.read_text().split()
+        report.unlink()
+        completed = subprocess.CompletedProcess(list(command), process.returncode, *outputs)
+        if check and completed.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(map(str, command))} exited {completed.returncode}:\n"
+                f"{outputs[0].decode(errors='replace')}{outputs[1].decode(errors='replace')}")
+        results.append((completed, int(lines[-1]) if lines and lines[-1].isdigit() else 0))
+    return results
+
+
+def run_measured(command: Sequence[str], check: bool = True,
+                 **kwargs: Any) -> tuple[subprocess.CompletedProcess[bytes], int]:
+    """``run`` that also returns the command's peak resident memory in KiB (see ``run_measured_all``)."""
+    return run_measured_all([command], check=check, **kwargs)[0]
+
+
+def _start_one_sshd(folder: Path, port: int, addresses: Sequence[str]) -> tuple[list[subprocess.Popen[bytes]], str]:
+    """One sshd process listening on ``addresses`` (at most 16: OpenSSH's limit per process)."""
+    if len(addresses) > fixtures.MAX_LISTEN_SOCKS:
+        raise ValueError(f"one sshd listens on at most {fixtures.MAX_LISTEN_SOCKS} addresses")
+    config = folder / "sshd_config.0"
+    config.write_text(fixtures._sshd_config(folder, port, list(addresses), 0))
+    pid_file = folder / "sshd.0.pid"
+    pid_file.unlink(missing_ok=True)
+    with open(folder / "sshd.log", "ab") as log:
+        process = subprocess.Popen([fixtures.SSHD_BINARY, "-D", "-e", "-f", str(config)],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and process.poll() is None and not pid_file.exists():
+        time.sleep(0.02)
+    refused = [a for a in addresses if not fixtures._accepts(a, port)] if pid_file.exists() else list(addresses)
+    if process.poll() is None and not refused:
+        return [process], ""
+    fixtures._stop([process])
+    return [], f"sshd exited with {process.returncode}" if process.returncode else f"port {port} refused"
+
+
 def find_wheel() -> Path:
     """The sglang wheel in ``../shared/fixtures`` (beside the repo)."""
     wheels = sorted(fixtures.FIXTURES_DIR.glob("sglang-*.whl"))
@@ -141,8 +209,13 @@ def find_wheel() -> Path:
 
 
 @contextmanager
-def bench_env(keep: bool = False) -> Iterator[BenchEnv]:
-    """Start sshd on loopback (random port, own keys) in a scratch folder; stop and delete on exit."""
+def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None) -> Iterator[BenchEnv]:
+    """Start sshd on loopback (random port, own keys) in a scratch folder; stop and delete on exit.
+
+    ``addresses`` (node name -> loopback address, at most 16): one sshd process listening
+    on exactly those, instead of the fixture's (two processes for its 18 addresses).
+    """
+    node_addresses = dict(fixtures.NODE_ADDRESSES if addresses is None else addresses)
     if not os.access(fixtures.SSHD_BINARY, os.X_OK):
         raise SystemExit(f"{fixtures.SSHD_BINARY} is missing: run `bash scripts/test.sh` once to install it")
     scratch = Path(tempfile.mkdtemp(prefix="snapver-bench-"))
@@ -158,15 +231,16 @@ def bench_env(keep: bool = False) -> Iterator[BenchEnv]:
         why = ""
         for _attempt in range(5):
             port = fixtures._free_port()
-            processes, why = fixtures._start_sshd(folder, port)
+            processes, why = (fixtures._start_sshd(folder, port) if addresses is None
+                              else _start_one_sshd(folder, port, list(node_addresses.values())))
             if processes:
                 break
         else:
             raise SystemExit(f"could not start sshd: {why}\n{(folder / 'sshd.log').read_text()}")
         known_hosts = folder / "known_hosts"
-        known_hosts.write_text("".join(f"[{a}]:{port} {host_key}\n" for a in fixtures.NODE_ADDRESSES.values()))
+        known_hosts.write_text("".join(f"[{a}]:{port} {host_key}\n" for a in node_addresses.values()))
         sshd = Sshd(port=port, identity_file=folder / "user_ed25519", known_hosts=known_hosts,
-                    host_public_key=host_key, addresses=dict(fixtures.NODE_ADDRESSES), dir=folder)
+                    host_public_key=host_key, addresses=node_addresses, dir=folder)
         home = scratch / "home"
         home.mkdir()
         work = scratch / "work"
