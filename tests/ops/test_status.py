@@ -1,0 +1,163 @@
+"""snapver status: the fleet table, drift against the newest snapshot, and what each drifted file is.
+
+Labels are checked on a small tree with a hand-written RECORD (sha256 computed here):
+``pristine`` (matches RECORD), ``patch NAME`` (matches a patch imported into the store),
+``hot-fix`` (neither). The real sglang tree is checked once for "identical".
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import toml_dumps
+from snapver_inproc import run_inproc
+
+PRISTINE = {
+    "sglang/srt/a.py": "a = 'as shipped'\n",
+    "sglang/srt/b.py": "b = 'as shipped'\n",
+    "sglang/srt/c.py": "c = 'as shipped'\n",
+    "sglang/srt/d.py": "d = 'as shipped'\n",
+}
+PATCHED_B = "b = 'fixed by the fix-b patch'\n"
+
+
+def record_of(files: dict[str, str]) -> str:
+    rows = []
+    for path, text in sorted(files.items()):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        rows.append(f"{path},sha256={digest},{len(text.encode())}\n")
+    return "".join(rows) + "sglang-0.5.23.dist-info/RECORD,,\n"
+
+
+def installed(files: dict[str, str]) -> dict[str, str]:
+    """A site-packages holding ``files`` as if pip installed PRISTINE (METADATA, RECORD)."""
+    return {**files, "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n",
+            "sglang-0.5.23.dist-info/RECORD": record_of(PRISTINE)}
+
+
+def ssh_table(sshd, name: str, site: Path, **extra) -> dict:
+    return {"host": sshd.addresses[name], "port": sshd.port, "user": "root", "site_packages": str(site),
+            "identity_file": str(sshd.identity_file), "known_hosts": str(sshd.known_hosts),
+            "connect_timeout": 5, **extra}
+
+
+@pytest.fixture(params=["local", "ssh"])
+def fleet(request, make_site_packages, sshd, tmp_path: Path) -> dict:
+    """ct200 drifted in every way, ct129 identical to its snapshot, dead unreachable."""
+    at_pull = {**PRISTINE, "sglang/srt/a.py": "a = 'hot-fixed before the pull'\n",
+               "sglang/srt/x.py": "x = 'not in the wheel'\n"}
+    ct200 = make_site_packages("ct200", files=installed(at_pull))
+    ct129 = make_site_packages("ct129", files=installed(PRISTINE))
+    if request.param == "local":
+        nodes = {"ct200": {"local": True, "site_packages": str(ct200)},
+                 "ct129": {"local": True, "site_packages": str(ct129)}}
+    else:
+        nodes = {"ct200": ssh_table(sshd, "ct200", ct200), "ct129": ssh_table(sshd, "ct129", ct129)}
+    nodes["dead"] = ssh_table(sshd, "fleet00", ct129, port=1, connect_timeout=2)
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": nodes,
+                                  "groups": {"tp8": ["ct200", "ct129"]}}))
+    pulled = run_inproc("--config", config, "pull", "tp8")
+    assert pulled.code == 0, pulled
+    diff_file = tmp_path / "fix-b.diff"
+    diff_file.write_text("--- a/sglang/srt/b.py\n+++ b/sglang/srt/b.py\n@@ -1 +1 @@\n"
+                         f"-{PRISTINE['sglang/srt/b.py']}+{PATCHED_B}")
+    imported = run_inproc("--config", config, "patch", "import", "fix-b", diff_file, "--base", "ct200")
+    assert imported.code == 0, imported
+    # Live drift on ct200 since its snapshot, one of each kind:
+    (ct200 / "sglang/srt/a.py").write_text(PRISTINE["sglang/srt/a.py"])  # back to the wheel: pristine
+    (ct200 / "sglang/srt/b.py").write_text(PATCHED_B)  # what fix-b makes it: patch
+    (ct200 / "sglang/srt/c.py").write_text("c = 'edited by hand on the node'\n")  # hot-fix
+    (ct200 / "sglang/srt/d.py").unlink()  # the wheel has it: a hot-fix deletion
+    (ct200 / "sglang/srt/x.py").unlink()  # the wheel lacks it: deleting it is pristine
+    (ct200 / "sglang/srt/e.py").write_text("e = 'new'\n")  # not in the wheel, no patch: hot-fix
+    return {"config": config, "store": tmp_path / "snapshots", "ct200": ct200}
+
+
+EXPECTED_DRIFT = [
+    {"path": "sglang/srt/a.py", "status": "M", "label": "pristine", "patches": []},
+    {"path": "sglang/srt/b.py", "status": "M", "label": "patch", "patches": ["fix-b"]},
+    {"path": "sglang/srt/c.py", "status": "M", "label": "hot-fix", "patches": []},
+    {"path": "sglang/srt/d.py", "status": "D", "label": "hot-fix", "patches": []},
+    {"path": "sglang/srt/e.py", "status": "A", "label": "hot-fix", "patches": []},
+    {"path": "sglang/srt/x.py", "status": "D", "label": "pristine", "patches": []},
+]
+
+
+def test_status_labels_every_drifted_file(fleet: dict) -> None:
+    result = run_inproc("--config", fleet["config"], "status", "--json", "tp8")
+    assert result.code == 1, result
+    document = json.loads(result.out)
+    rows = {row["node"]: row for row in document["nodes"]}
+    assert list(rows) == ["ct200", "ct129"] and document["exit_code"] == 1
+    ct200 = rows["ct200"]
+    head = subprocess.run(["git", "--git-dir", str(fleet["store"]), "rev-parse", "refs/heads/nodes/ct200"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert ct200["reachable"] is True and ct200["snapshot"] == head and ct200["identical"] is False
+    assert ct200["drift"] == EXPECTED_DRIFT
+    assert ct200["dist"] == "sglang 0.5.23" and ct200["exit_code"] == 1
+    assert ct200["patches"] == [{"name": "fix-b", "matched": 1, "total": 1, "applied": True}]
+    assert rows["ct129"]["identical"] is True and rows["ct129"]["drift"] == [] and rows["ct129"]["exit_code"] == 0
+    assert rows["ct129"]["patches"] == []
+
+
+def test_status_table(fleet: dict) -> None:
+    result = run_inproc("--config", fleet["config"], "status")
+    assert result.code == 3, result  # the dead node
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["node", "reachable", "snapshot", "drift", "distribution", "patches"]
+    row = {line.split()[0]: line.split() for line in lines[1:4]}
+    assert row["ct200"][1] == "yes" and "6 files" in " ".join(row["ct200"]) and row["ct200"][-1] == "fix-b"
+    assert row["ct129"][1] == "yes" and "identical" in row["ct129"]
+    assert row["dead"][1] == "no" and "none" in row["dead"]
+    assert "ct200: 6 files differ from" in result.out
+    for item in EXPECTED_DRIFT:
+        label = "patch fix-b" if item["label"] == "patch" else item["label"]
+        assert f"  {item['status']}  {item['path']}  {label}" in lines
+    assert result.err.startswith("snapver: error: dead: ") and "Traceback" not in result.err
+    only_identical = run_inproc("--config", fleet["config"], "status", "ct129")
+    assert only_identical.code == 0 and "identical" in only_identical.out
+
+
+def test_status_shows_an_interrupted_push(fleet: dict) -> None:
+    store = str(fleet["store"])
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    meta = json.dumps({"kind": "push", "action": "push", "state": "started", "patch": "fix-b", "node": "ct200"})
+    record = subprocess.run(["git", "--git-dir", store, "commit-tree", "refs/heads/nodes/ct200^{tree}", "-m",
+                             f"push fix-b to ct200\n\nsnapver-meta: {meta}"], capture_output=True, text=True,
+                            env=env, check=True).stdout.strip()
+    subprocess.run(["git", "--git-dir", store, "update-ref", "refs/heads/pushes/ct200", record], check=True)
+    result = run_inproc("--config", fleet["config"], "status", "ct200")
+    assert "ct200: INTERRUPTED push fix-b" in result.out and "snapver rollback ct200" in result.out
+    document = json.loads(run_inproc("--config", fleet["config"], "status", "--json", "ct200").out)
+    assert document["nodes"][0]["push"]["interrupted"] is True
+
+
+def test_status_without_a_store_or_snapshot(make_site_packages, tmp_path: Path) -> None:
+    site = make_site_packages("ct200", files=installed(PRISTINE))
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"nodes": {"ct200": {"local": True, "site_packages": str(site)}}}))
+    document = json.loads(run_inproc("--config", config, "status", "--json").out)
+    row = document["nodes"][0]
+    assert row["reachable"] is True and row["snapshot"] is None and row["drift"] is None
+    assert document["exit_code"] == 0 and row["files"] == 4
+    unknown = run_inproc("--config", config, "status", "nosuch")
+    assert unknown.code == 2 and "unknown node or group 'nosuch'" in unknown.err
+
+
+def test_status_of_the_real_tree_over_ssh(sglang_site_template: Path, sshd, tmp_path: Path) -> None:
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": "snapshots"},
+                                  "nodes": {"ct200": ssh_table(sshd, "ct200", sglang_site_template)}}))
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    document = json.loads(run_inproc("--config", config, "status", "--json").out)
+    row = document["nodes"][0]
+    assert document["exit_code"] == 0 and row["identical"] is True and row["files"] == 2602
+    assert row["dist"] == "sglang 0.5.23"
