@@ -25,7 +25,7 @@ import blake3
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
-from snapver.model import FILE, LINK, Entry, Manifest, is_safe_relpath
+from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Store, blob_oid, format_message
@@ -33,7 +33,6 @@ from snapver.unidiff import FileDiff, apply_hunks, parse_diff
 
 CHECKOUTS = ".snapver-patches"
 MARKER = ".snapver-checkout"
-ADDED, DELETED, MODIFIED, TYPE_OR_MODE = "A", "D", "M", "T"
 
 
 @dataclass(frozen=True)
@@ -76,19 +75,7 @@ class Patch:
 
 def changed_files(base: Manifest, patched: Manifest) -> list[PatchFile]:
     """Every path whose kind, content or permission bits differ, sorted by path bytes."""
-    found = []
-    for path in sorted(set(base.entries) | set(patched.entries), key=os.fsencode):
-        old, new = base.get(path), patched.get(path)
-        if old is None:
-            found.append(PatchFile(path, ADDED, None, new))
-        elif new is None:
-            found.append(PatchFile(path, DELETED, old, None))
-        elif old.kind != new.kind or (old.kind == FILE and stat.S_IMODE(old.mode) != stat.S_IMODE(new.mode)):
-            found.append(PatchFile(path, TYPE_OR_MODE if old.oid == new.oid or old.kind != new.kind else MODIFIED,
-                                   old, new))
-        elif old.oid != new.oid:
-            found.append(PatchFile(path, MODIFIED, old, new))
-    return found
+    return [PatchFile(c.path, c.status, c.old, c.new) for c in compare_manifests(base, patched)]
 
 
 def entry_for(path: str, kind: str, mode: int, data: bytes) -> Entry:

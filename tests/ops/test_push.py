@@ -30,7 +30,7 @@ import pytest
 from helpers import git_blob, git_ls_tree, tree_hashes
 
 from snapver.config import load_config
-from snapver.errors import ConflictError
+from snapver.errors import ConflictError, TransportError, UsageError
 from snapver.ops.push import apply_push, plan_push, push_state
 from snapver.store.repo import Store
 from snapver.transport.base import open_transport
@@ -57,6 +57,22 @@ def records(store: Path, node: str) -> list[dict]:
     out = git(store, "log", "--format=%B%x00", PUSHES + node)
     return [json.loads(line[len("snapver-meta: "):]) for body in out.split("\0")
             for line in body.splitlines() if line.startswith("snapver-meta: ")]
+
+
+def prepare(config_path: Path, pull: tuple[str, ...], patch: tuple[str, Path, str, tuple[str, ...]] | None = None
+            ) -> Store:
+    """Set-up steps run in this process (the CLI is what the tests exercise after): pull
+    ``pull`` and import ``patch`` = (name, diff file, base, target nodes)."""
+    from snapver.ops.patch import import_patch
+    from snapver.ops.pull import pull as pull_nodes
+
+    config = load_config(str(config_path))
+    store = Store.open_or_create(config.store_path)
+    assert pull_nodes(store, config.select(list(pull))).exit_code == 0
+    if patch is not None:
+        name, diff, base, targets = patch
+        import_patch(store, config, name, diff.read_bytes(), str(diff), base, targets)
+    return store
 
 
 def linked_copy(template: Path, dest: Path) -> Path:
@@ -97,14 +113,15 @@ def make_fix(template: Path, scratch: Path) -> Path:
     return path
 
 
-def expected_tree(template: Path, diff: Path, scratch: Path, strip: int) -> dict[str, tuple[str, int, str]]:
-    """The template's tree with `patch -pN` applied by the test to copies of the touched files."""
+def expected_tree(original: dict[str, tuple[str, int, str]], template: Path, diff: Path, scratch: Path,
+                  strip: int) -> dict[str, tuple[str, int, str]]:
+    """The original tree with `patch -pN` applied by the test to copies of the touched files."""
     site = scratch / f"expected-p{strip}"
     for rel in (RUNNER, UTILS, GONE):
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(template / rel, site / rel)
     subprocess.run(["patch", f"-p{strip}", "--batch", "--quiet", "-i", str(diff)], cwd=site, check=True)
-    tree = dict(tree_hashes(template))
+    tree = dict(original)
     for rel in TOUCHED:
         tree.pop(rel, None)
         if (site / rel).exists():
@@ -135,33 +152,32 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
     template = sglang_site_template
     nodes = {name: linked_copy(template, tmp_path / "nodes" / name / "site-packages") for name in ("ct200", "ct129")}
     bytecode = {name: add_bytecode(site) for name, site in nodes.items()}
-    write_config({name: ssh_node(name, site) for name, site in nodes.items()}, groups={"tp8": ["ct200", "ct129"]})
-    assert run_snapver("pull", "tp8").code == 0
-    store = isolated_env / "snapshots"
+    config_path = write_config({name: ssh_node(name, site) for name, site in nodes.items()},
+                               groups={"tp8": ["ct200", "ct129"]})
     diff = make_fix(template, tmp_path / "fix")
-    result = run_snapver("patch", "import", "cuda-fix", str(diff), "--base", "ct200", "--nodes", "tp8")
-    assert result.code == 0, result
+    snapver_store = prepare(config_path, ("tp8",), ("cuda-fix", diff, "ct200", ("tp8",)))
+    config = load_config(str(config_path))
+    store = isolated_env / "snapshots"
     original = tree_hashes(template)
     template_runner = (template / RUNNER).read_bytes()
 
     # A hand-made hot-fix on ct129 is a conflict: the whole push is refused, no node changed.
     replace_file(nodes["ct129"] / RUNNER, b"# a hand-made hot-fix\n")
-    conflicted = tree_hashes(nodes["ct129"])
-    result = run_snapver("push", "cuda-fix", "--yes")
-    assert result.code == 1, result
-    assert "ct129" in result.out and "modified on the node" in result.out
-    assert "push refused" in result.err and "no node was changed" in result.err
-    assert tree_hashes(nodes["ct200"]) == original and tree_hashes(nodes["ct129"]) == conflicted
+    with plan_push(snapver_store, config, "cuda-fix") as plan:
+        assert [(node, step.path, step.note) for node, step in plan.conflicts] == [
+            ("ct129", RUNNER, "modified on the node (neither the base nor the patch)")]
+        with pytest.raises(ConflictError, match="no node was changed"):
+            apply_push(snapver_store, plan)
+    assert tree_hashes(nodes["ct200"]) == original
+    assert (nodes["ct129"] / RUNNER).read_bytes() == b"# a hand-made hot-fix\n"
     assert git(store, "for-each-ref", PUSHES) == ""
     os.unlink(nodes["ct129"] / RUNNER)
     os.link(template / RUNNER, nodes["ct129"] / RUNNER)
 
-    # --dry-run shows the plan and changes nothing; without a terminal, only --yes writes.
+    # --dry-run shows the plan and changes nothing.
     result = run_snapver("push", "cuda-fix", "--dry-run")
     assert result.code == 0, result
     assert result.out.count(RUNNER) == 2 and "dry run: nothing written" in result.out
-    result = run_snapver("push", "cuda-fix")
-    assert result.code == 2 and "--yes" in result.err, result
     for name, site in nodes.items():
         assert tree_hashes(site) == original
         assert all(path.exists() for path in bytecode[name].values())
@@ -169,7 +185,7 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
 
     result = run_snapver("push", "cuda-fix", "--yes", "--health", HEALTH)
     assert result.code == 0, result
-    expected = expected_tree(template, diff, tmp_path, strip=2)
+    expected = expected_tree(original, template, diff, tmp_path, strip=2)
     assert expected[UTILS][1] == 0o755 and GONE not in expected and ADDED in expected
     for name, site in nodes.items():
         assert tree_hashes(site) == expected, name
@@ -182,7 +198,7 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
         assert os.stat(site / RUNNER).st_nlink == 1
         assert os.stat(site / "sglang/srt/server_args.py").st_ino == os.stat(template / "sglang/srt/server_args.py").st_ino
         assert not [p for p in site.rglob(".snapver-*")], "temporary files left behind"
-    assert (template / RUNNER).read_bytes() == template_runner and tree_hashes(template) == original
+    assert (template / RUNNER).read_bytes() == template_runner
 
     # The store: a push record (started, then done) around before/after snapshots.
     for name, site in nodes.items():
@@ -200,12 +216,13 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
     # The exported patch applies with patch -p1 and gives the same files.
     exported = tmp_path / "export.diff"
     assert run_snapver("patch", "export", "cuda-fix", "-o", str(exported)).code == 0
-    assert expected_tree(template, exported, tmp_path, strip=1) == expected
+    assert expected_tree(original, template, exported, tmp_path, strip=1) == expected
 
-    # Pushing again: nothing to do, nothing recorded.
+    # Pushing again: nothing to do (every file already patched), nothing recorded.
     refs_before = git(store, "for-each-ref")
-    result = run_snapver("push", "cuda-fix", "--yes")
-    assert result.code == 0 and "nothing to do" in result.out, result
+    with plan_push(snapver_store, config, "cuda-fix") as plan:
+        assert plan.nothing_to_do and {s.action for n in plan.nodes for s in n.steps} == {"skip"}
+        assert apply_push(snapver_store, plan).nodes == []
     assert git(store, "for-each-ref") == refs_before
 
     # Roll ct200 back: exactly the original tree (content, modes, the deleted file, no added one).
@@ -221,9 +238,8 @@ def test_killed_push_is_shown_and_repaired(sglang_site_template, write_config, s
     template = sglang_site_template
     site = linked_copy(template, tmp_path / "nodes" / "ct200" / "site-packages")
     config_path = write_config({"ct200": ssh_node("ct200", site)})
-    assert run_snapver("pull", "ct200").code == 0
     diff = make_fix(template, tmp_path / "fix")
-    assert run_snapver("patch", "import", "cuda-fix", str(diff), "--base", "ct200", "--nodes", "ct200").code == 0
+    store = prepare(config_path, ("ct200",), ("cuda-fix", diff, "ct200", ("ct200",)))
     original = tree_hashes(site)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "SNAPVER_TEST_PAUSE_AFTER_FILES": "1"}
     process = subprocess.Popen([sys.executable, "-m", "snapver", "push", "cuda-fix", "--yes"], env=env,
@@ -242,17 +258,15 @@ def test_killed_push_is_shown_and_repaired(sglang_site_template, write_config, s
     # Paused after the first file's content: the runner is new, the next file's content never came.
     assert half[RUNNER] != original[RUNNER] and ADDED not in half and half[UTILS] == original[UTILS]
 
-    store = Store(isolated_env / "snapshots")
     state = push_state(store, "ct200")
     assert state is not None and state.interrupted and state.patch == "cuda-fix"
-    shown = run_snapver("push", "cuda-fix", "--dry-run")
-    assert "interrupted push" in shown.err and "snapver rollback ct200" in shown.err
-    planned = run_snapver("rollback", "ct200", "--dry-run")
-    assert planned.code == 0 and "repairs the interrupted push of cuda-fix" in planned.out
+    with plan_push(store, load_config(str(config_path)), "cuda-fix") as plan:
+        assert "interrupted push" in plan.nodes[0].notes[0] and "snapver rollback ct200" in plan.nodes[0].notes[0]
     assert tree_hashes(site) == half
 
     result = run_snapver("rollback", "ct200", "--yes")
     assert result.code == 0, result
+    assert "repairs the interrupted push of cuda-fix" in result.out
     assert tree_hashes(site) == original
     state = push_state(store, "ct200")
     assert state is not None and not state.interrupted and state.action == "rollback" and state.state == "done"
@@ -266,10 +280,9 @@ def fleet(make_site_packages, write_config, ssh_node, run_snapver, isolated_env)
     sites = {f"fleet0{n}": make_site_packages(f"fleet0{n}", files=files) for n in range(3)}
     config = write_config({name: ssh_node(name, site) for name, site in sites.items()},
                           groups={"all3": sorted(sites)})
-    assert run_snapver("pull", "all3").code == 0
     Path("fix.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
                                  b"--- /dev/null\n+++ b/sglang/srt/c.py\n@@ -0,0 +1 @@\n+c = 1\n")
-    assert run_snapver("patch", "import", "fix", "fix.diff", "--base", "fleet00", "--nodes", "all3").code == 0
+    prepare(config, ("all3",), ("fix", Path("fix.diff"), "fleet00", ("all3",)))
     return sites, isolated_env / "snapshots", config
 
 
@@ -305,14 +318,19 @@ def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, s
     nodes["fleet03"] = ssh_node("fleet03", sites["fleet00"], port=closed_port)
     nodes["fleet04"] = ssh_node("fleet04", empty)
     nodes["fleet05"] = ssh_node("fleet05", sites["fleet00"], paths=["sglang/srt/other"])
-    write_config(nodes, groups={"all3": ["fleet00", "fleet01", "fleet02"]})
-    for target, code, text in [("fleet03", 3, "fleet03"), ("fleet04", 3, "site-packages/sglang: no such file or directory"),
-                               ("fleet05", 2, "outside the node's tracked paths")]:
-        result = run_snapver("push", "fix", "all3", target, "--yes")
-        assert result.code == code, result
-        assert "push refused, no node was changed" in result.err and text in result.err, result
-        assert "Traceback" not in result.err
-        assert {name: tree_hashes(site) for name, site in sites.items()} == original
+    config_path = write_config(nodes, groups={"all3": ["fleet00", "fleet01", "fleet02"]})
+    result = run_snapver("push", "fix", "all3", "fleet04", "--yes")
+    assert result.code == 3, result
+    assert "push refused, no node was changed" in result.err and "site-packages/sglang: no such file" in result.err
+    assert "Traceback" not in result.err
+    config, snapver_store = load_config(str(config_path)), Store(store)
+    for target, error, text in [("fleet03", TransportError, "fleet03: cannot connect"),
+                                ("fleet05", UsageError, "outside the node's tracked paths")]:
+        with plan_push(snapver_store, config, "fix", ["all3", target]) as plan:
+            with pytest.raises(error, match="push refused, no node was changed") as caught:
+                apply_push(snapver_store, plan)
+            assert text in str(caught.value)
+    assert {name: tree_hashes(site) for name, site in sites.items()} == original
     assert git(store, "for-each-ref", PUSHES) == ""
 
 
@@ -351,10 +369,9 @@ def test_push_refuses_a_symlinked_folder_on_the_node(make_site_packages, write_c
     outside.mkdir()
     (outside / "m.py").write_text("m = 1\n")
     os.symlink(outside, bad / "sglang/srt/sub")
-    write_config({"good": local_node(good), "bad": local_node(bad)})
-    assert run_snapver("pull", "good").code == 0
+    config = write_config({"good": local_node(good), "bad": local_node(bad)})
     Path("m.diff").write_bytes(b"--- a/sglang/srt/sub/m.py\n+++ b/sglang/srt/sub/m.py\n@@ -1 +1 @@\n-m = 1\n+m = 2\n")
-    assert run_snapver("patch", "import", "m", "m.diff", "--base", "good").code == 0
+    prepare(config, ("good",), ("m", Path("m.diff"), "good", ()))
     result = run_snapver("push", "m", "good", "bad", "--yes")
     assert result.code == 3, result
     assert "passes through the symlink" in result.err
@@ -367,15 +384,14 @@ def test_mode_and_owner_kept_force_and_json(make_site_packages, write_config, lo
                                            "sglang/srt/x.py": "x = 1\n"})
     os.chmod(site / "sglang/srt/a.py", 0o750)
     os.chown(site / "sglang/srt/a.py", 4321, 4322)
-    write_config({"n1": local_node(site)})
-    assert run_snapver("pull", "n1").code == 0
+    config = write_config({"n1": local_node(site)})
     Path("p.diff").write_bytes(
         b"diff --git a/sglang/srt/a.py b/sglang/srt/a.py\n--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n"
         b"@@ -1 +1 @@\n-a = 1\n+a = 2\n"
         b"diff --git a/sglang/srt/b.py b/sglang/srt/b.py\nold mode 100644\nnew mode 100755\n"
         b"diff --git a/sglang/srt/x.py b/sglang/srt/x.py\n--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n"
         b"@@ -1 +1 @@\n-x = 1\n+x = 2\n")
-    assert run_snapver("patch", "import", "p", "p.diff", "--base", "n1", "--nodes", "n1").code == 0
+    prepare(config, ("n1",), ("p", Path("p.diff"), "n1", ("n1",)))
     (site / "sglang/srt/x.py").write_text("x = 'hand-made'\n")  # a conflict
 
     dry = run_snapver("push", "p", "--json", "--dry-run")
@@ -408,10 +424,9 @@ def test_node_changed_after_the_plan_is_refused_and_others_rolled_back(make_site
                                                                        local_node, run_snapver, isolated_env):
     sites = {name: make_site_packages(name, files={"sglang/srt/a.py": "a = 1\n"}) for name in ("n1", "n2")}
     config_path = write_config({name: local_node(site) for name, site in sites.items()})
-    assert run_snapver("pull", "n1", "n2").code == 0
     Path("p.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
-    assert run_snapver("patch", "import", "p", "p.diff", "--base", "n1", "--nodes", "n1,n2").code == 0
-    store, config = Store(isolated_env / "snapshots"), load_config(str(config_path))
+    store = prepare(config_path, ("n1", "n2"), ("p", Path("p.diff"), "n1", ("n1", "n2")))
+    config = load_config(str(config_path))
     with plan_push(store, config, "p") as plan:
         assert [len(n.writes) for n in plan.nodes] == [1, 1]
         (sites["n2"] / "sglang/srt/a.py").write_text("a = 'changed meanwhile'\n")
@@ -425,9 +440,9 @@ def test_node_changed_after_the_plan_is_refused_and_others_rolled_back(make_site
     assert (sites["n2"] / "sglang/srt/a.py").read_text() == "a = 'changed meanwhile'\n"
 
 
-def test_terminal_confirmation(make_site_packages, write_config, local_node, run_snapver, isolated_env):
+def test_terminal_confirmation(make_site_packages, write_config, local_node, isolated_env):
     site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n"})
-    write_config({"n1": local_node(site)})
+    config = write_config({"n1": local_node(site)})
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
     def run_on_terminal(*args: str, answer: bytes) -> tuple[int, bytes]:
@@ -459,9 +474,11 @@ def test_terminal_confirmation(make_site_packages, write_config, local_node, run
                 process.kill()
         return process.wait(timeout=10), output
 
-    assert run_snapver("pull", "n1").code == 0
     Path("p.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
-    assert run_snapver("patch", "import", "p", "p.diff", "--base", "n1", "--nodes", "n1").code == 0
+    prepare(config, ("n1",), ("p", Path("p.diff"), "n1", ("n1",)))
+    without = subprocess.run([sys.executable, "-m", "snapver", "push", "p"], stdin=subprocess.DEVNULL, env=env,
+                             cwd=isolated_env, capture_output=True, text=True)
+    assert without.returncode == 2 and "without a terminal" in without.stderr and "--yes" in without.stderr
     code, output = run_on_terminal("push", "p", answer=b"n\n")
     assert code == 1 and b"write 1 file(s) on n1?" in output and b"nothing written" in output
     assert (site / "sglang/srt/a.py").read_text() == "a = 1\n"
