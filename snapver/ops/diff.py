@@ -48,11 +48,11 @@ class Side:
 
     @property
     def label(self) -> str:
+        """How messages name this side: ``ct200 (live)`` or ``v1 (1a2b3c4d5e)``."""
         if self.ref.is_live:
             return f"{self.node} (live)"
         assert self.commit is not None
-        return f"{self.ref.text} ({self.commit.short})" if not self.ref.text.startswith(
-            self.commit.id[:7]) else self.commit.short
+        return f"{self.ref.text} ({self.commit.short})"
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {"ref": self.ref.text, "kind": self.kind, "node": self.node,

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from helpers import toml_dumps
 from snapver_inproc import run_inproc
+
+from snapver.config import load_config
 
 FILES = {"sglang/srt/a.py": "a = 1\n"}
 
@@ -64,14 +67,22 @@ def test_create_list_and_delete(project) -> None:
 
 def test_default_ref_is_the_newest_snapshot_and_tags_resolve_everywhere(project) -> None:
     config, store = project
-    newest = git(store, "log", "-1", "--date-order", "--format=%H", "refs/heads/nodes/ct200",
-                 "refs/heads/nodes/ct129")
+    time.sleep(1.1)  # commit times have whole seconds: make ct200's next snapshot the newest for sure
+    site = Path(load_config(str(config)).node("ct200").site_packages)
+    (site / "sglang/srt/a.py").write_text("changed = True\n")
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    newest = git(store, "rev-parse", "refs/heads/nodes/ct200")
+    assert git(store, "log", "-1", "--date-order", "--format=%H", "refs/heads/nodes/ct129",
+               "refs/heads/nodes/ct200") == newest
     assert run_inproc("--config", config, "tag", "now").code == 0
     assert tags_in(store)["now"] == newest
     shown = json.loads(run_inproc("--config", config, "show", "--json", "now").out)
     assert shown["id"] == newest
     diffed = run_inproc("--config", config, "diff", "--name-status", "now", "now")
     assert diffed.code == 0 and diffed.out == ""
+    against_live = run_inproc("--config", config, "diff", "--json", "now")  # one argument: ct200, live
+    document = json.loads(against_live.out)
+    assert against_live.code == 0 and document["a"]["commit"] == newest and document["b"]["kind"] == "live"
 
 
 def test_existing_tags_move_only_with_force(project) -> None:
