@@ -10,7 +10,6 @@ Issue 2's bars: both median ratios against rsync -a at most 3x.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, bench_env, interleave, print_table, run  # noqa: E402
+from common import BenchEnv, Case, bench_main, interleave, print_table, print_verdicts, run  # noqa: E402
 
 NODE = "ct200"
 BAR = 3.0
@@ -72,21 +71,9 @@ def bench(env: BenchEnv, runs: int) -> dict[str, float]:
     ratios.update(print_table(f"unchanged re-pull, {runs} interleaved runs", again_times,
                               {"snapver re-pull": "rsync -a re-run"}))
     print()
-    for name in ("snapver pull / rsync -a", "snapver re-pull / rsync -a re-run"):
-        verdict = "within" if ratios[name] <= BAR else "OVER"
-        print(f"  {name}: {ratios[name]:.2f}x ({verdict} the {BAR:g}x bar)")
+    print_verdicts(ratios, ["snapver pull / rsync -a", "snapver re-pull / rsync -a re-run"], BAR)
     return ratios
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="timed rounds per series (default 5)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
-    args = parser.parse_args()
-    with bench_env(keep=args.keep) as env:
-        bench(env, args.runs)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main(bench, __doc__, default_runs=5))

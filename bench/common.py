@@ -39,7 +39,8 @@ from helpers import Sshd, toml_dumps  # noqa: E402
 
 TIME_BINARY = "/usr/bin/time"  # GNU time: -f %M is the peak resident set in KiB
 
-__all__ = ["BenchEnv", "Case", "bench_env", "find_wheel", "interleave", "median", "print_table", "run",
+__all__ = ["BenchEnv", "Case", "bench_env", "bench_main", "find_wheel", "interleave", "median", "print_table",
+           "print_verdicts", "run",
            "run_measured", "run_measured_all"]
 
 
@@ -303,3 +304,23 @@ def print_table(title: str, timings: Mapping[str, Sequence[float]],
         print(f"  {name:<{width}}  {len(values):>4}  {median(values):>8.3f} {min(values):>7.3f}  "
               f"{max(values):>7.3f}   {ratio}")
     return found
+
+
+def print_verdicts(ratios: Mapping[str, float], names: Sequence[str], bar: float) -> None:
+    """One line per ratio in ``names``: its value and whether it is within ``bar``."""
+    for name in names:
+        verdict = "within" if ratios[name] <= bar else "OVER"
+        print(f"  {name}: {ratios[name]:.2f}x ({verdict} the {bar:g}x bar)")
+
+
+def bench_main(bench: Callable[[BenchEnv, int], Any], description: str | None, default_runs: int) -> int:
+    """The command line every benchmark shares: ``[--runs N] [--keep]``, then ``bench(env, runs)``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=default_runs, help=f"timed rounds (default {default_runs})")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    args = parser.parse_args()
+    with bench_env(keep=args.keep) as env:
+        bench(env, args.runs)
+    return 0
