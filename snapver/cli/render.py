@@ -36,3 +36,11 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
+def print_error(error: Any) -> None:
+    """A SnapverError met by one node of many, as `main` prints a fatal one: the line, then its hint."""
+    err = console(stderr=True)
+    err.print(f"snapver: error: {escape(error.message)}")
+    if error.hint:
+        err.print(f"hint: {escape(error.hint)}")

@@ -7,7 +7,7 @@ from typing import Any, List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, print_error
 
 
 @app.command()
@@ -44,7 +44,7 @@ def render_status(result: Any) -> None:
     out.print(table)
     for row in result.nodes:
         if row.error is not None:
-            console(stderr=True).print(f"snapver: error: {escape(str(row.error))}")
+            print_error(row.error)
         if row.push:
             push = row.push
             what = f"{push['action']} {push.get('patch') or ''}".strip()

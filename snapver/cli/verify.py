@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, print_error
 
 
 @app.command()
@@ -28,13 +28,10 @@ def verify(
         emit_json({"nodes": [r.to_json() for r in results], "exit_code": code})
         return code
     out = console()
-    err = console(stderr=True)
     for result in results:
         name = escape(result.node)
         if result.error is not None:
-            err.print(f"snapver: error: {escape(result.error.message)}")
-            if result.error.hint:
-                err.print(f"hint: {escape(result.error.hint)}")
+            print_error(result.error)
             continue
         for label, paths in (("M", result.modified), ("D", result.missing), ("A", result.extra)):
             for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from snapver.config import NodeSpec
-from snapver.errors import SnapverError, StoreError
+from snapver.errors import RemotePathError, SnapverError, StoreError
 from snapver.model import Change, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
@@ -146,6 +146,8 @@ def node_status(store: Store | None, spec: NodeSpec, patches: list[KnownPatch],
                 row.drift = label_drift(transport, row, changes, patches) if changes else []
     except SnapverError as exc:
         row.error = exc
+        # A missing or unreadable path is the node answering: it is reachable.
+        row.reachable = row.reachable or isinstance(exc, RemotePathError)
     return row
 
 

@@ -150,6 +150,11 @@ def test_status_without_a_store_or_snapshot(make_site_packages, tmp_path: Path) 
     assert document["exit_code"] == 0 and row["files"] == 4
     unknown = run_inproc("--config", config, "status", "nosuch")
     assert unknown.code == 2 and "unknown node or group 'nosuch'" in unknown.err
+    for folder in ("sglang/srt", "sglang-0.5.23.dist-info"):
+        subprocess.run(["rm", "-r", str(site / folder)], check=True)
+    gone = run_inproc("--config", config, "status")
+    assert gone.code == 3 and gone.out.splitlines()[1].split()[:2] == ["ct200", "yes"]
+    assert gone.err.startswith("snapver: error: ct200: ") and "sglang/srt: no such file or directory" in gone.err
 
 
 def test_status_of_the_real_tree_over_ssh(sglang_site_template: Path, sshd, tmp_path: Path) -> None:
