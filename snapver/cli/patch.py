@@ -23,6 +23,18 @@ def _status_line(status: str, path: str) -> str:
     return f"  [{colour}]{status}[/{colour}]  {escape(path)}"
 
 
+def _report(patch: "object", how: str, files: "object" = None) -> None:
+    """One line about a patch just written, then its files (or ``files``) with their status."""
+    from snapver.ops.patch import Patch
+
+    assert isinstance(patch, Patch)
+    out = console()
+    out.print(f"patch {escape(patch.name)}: {patch.commit[:10]}, {how}, {len(patch.files)} file(s) on "
+              f"{patch.base[:10]} ({escape(patch.base_node)})")
+    for item in patch.files if files is None else files:  # type: ignore[attr-defined]
+        out.print(_status_line(item.status, item.path))
+
+
 @patch_app.command("new")
 def new(
     name: str = typer.Argument(..., help="The patch's name."),
@@ -55,14 +67,10 @@ def save(
 
     config = STATE.config()
     result = save_patch(STATE.store(config), config, name, message)
-    out = console()
     if not result.saved:
-        out.print(f"patch {escape(name)}: nothing to save (the checkout equals {result.patch.commit[:10]})")
+        console().print(f"patch {escape(name)}: nothing to save (the checkout equals {result.patch.commit[:10]})")
         return 0
-    out.print(f"patch {escape(name)}: saved {result.patch.commit[:10]}, {len(result.changed)} file(s) changed "
-              f"since the last save, {len(result.patch.files)} in the patch")
-    for item in result.changed:
-        out.print(_status_line(item.status, item.path))
+    _report(result.patch, f"saved, {len(result.changed)} file(s) changed since the last save", result.changed)
     return 0
 
 
@@ -89,12 +97,7 @@ def import_(
             data, source = Path(file).read_bytes(), file
         except OSError as exc:
             raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    patch = import_patch(store, config, name, data, source, base, nodes or [], message, strip)
-    out = console()
-    out.print(f"patch {escape(name)}: {patch.commit[:10]}, {len(patch.files)} file(s) on "
-              f"{patch.base[:10]} ({escape(patch.base_node)})")
-    for item in patch.files:
-        out.print(_status_line(item.status, item.path))
+    _report(import_patch(store, config, name, data, source, base, nodes or [], message, strip), "imported")
     return 0
 
 
@@ -111,14 +114,10 @@ def capture(
 
     config = STATE.config()
     patch = capture_patch(STATE.store(config), config, name, node, base, nodes or [], message)
-    out = console()
     if patch is None:
-        out.print(f"{escape(node)} does not drift from {escape(base)}: nothing to capture, no patch made")
+        console().print(f"{escape(node)} does not drift from {escape(base)}: nothing to capture, no patch made")
         return 0
-    out.print(f"patch {escape(name)}: {patch.commit[:10]}, {len(patch.files)} file(s) captured from "
-              f"{escape(node)} on {patch.base[:10]} ({escape(patch.base_node)})")
-    for item in patch.files:
-        out.print(_status_line(item.status, item.path))
+    _report(patch, f"captured from {escape(node)}")
     return 0
 
 

@@ -20,7 +20,7 @@ from helpers import git_blob, git_ls_tree, tree_hashes
 
 from snapver.config import load_config
 from snapver.errors import PatchError, RefError, UsageError
-from snapver.ops.patch import import_patch
+from snapver.ops.patch import delete_patch, import_patch, new_patch
 from snapver.store.repo import Store
 
 RUNNER = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"
@@ -325,6 +325,15 @@ def test_new_and_save_record_the_checkout(small, run_snapver, isolated_env):
     # A second `patch new` of the same name refuses (the folder holds work).
     refused = run_snapver("patch", "new", "edit", "--base", "small")
     assert refused.code == 2 and "already exists" in refused.err
+    # Without --base, `patch new` checks an existing patch out again (its saved tree).
+    _, _, config, store = small
+    shutil.rmtree(folder)
+    again = new_patch(store, config, "edit", None)
+    assert again.folder == folder and (folder / "sglang/srt/a.py").read_text() == "edited\n"
+    assert not (folder / "sglang/srt/gone.py").exists() and (folder / "sglang/srt/sub/new.py").exists()
+    assert stat.S_IMODE(os.stat(folder / "sglang/srt/crlf.py").st_mode) == 0o750
+    delete_patch(store, "edit")
+    assert sh("git", "--git-dir", str(store_path), "for-each-ref", PATCH_REF) == b""
 
 
 def test_capture_turns_live_drift_into_a_patch(make_site_packages, write_config, ssh_node, run_snapver,
