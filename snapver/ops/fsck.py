@@ -1,15 +1,29 @@
-"""fsck: verify the store — git's own objects, then every manifest against its content."""
+"""fsck: verify the store — git's own check, every ref, then every manifest against its content.
+
+Each problem names what is wrong and where: the ref, the snapshot, the path, the object.
+Objects are read through ``git cat-file --batch`` processes of our own, restarted after a
+corrupt object ends one, so one bad object never hides the rest (nor crashes the check).
+"""
 
 from __future__ import annotations
 
 import subprocess
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
 
 import blake3
 
 from snapver.errors import StoreError
-from snapver.store import refs
-from snapver.store.repo import Store, blob_oid
+from snapver.model import MANIFEST_PATH, Manifest
+from snapver.store.repo import Commit, Store, blob_oid
+
+# Refs whose commits carry a manifest: what each kind of ref is called in a problem.
+_REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"),
+              ("refs/heads/pushes/", "push record"), ("refs/tags/", "tag"))
+# A temporary pack that a killed writer left behind (see store/pack.py).
+_TEMP_PACK = "tmp_pack_snapver_"
 
 
 @dataclass
@@ -17,6 +31,7 @@ class FsckResult:
     commits: int = 0
     blobs: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -24,63 +39,198 @@ class FsckResult:
 
 
 def fsck(store: Store) -> FsckResult:
-    """Check every object and every manifest; report each problem found."""
+    """Check every object, ref and manifest of the store; report each problem found."""
     result = FsckResult()
-    git_check = subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--full", "--no-dangling",
-                                "--no-progress"], capture_output=True, text=True)
-    for line in (git_check.stdout + git_check.stderr).splitlines():
+    _git_fsck(store, result)
+    tips = _check_refs(store, result)
+    commits = _commits(store, tips, result)
+    manifests: list[tuple[Commit, Manifest]] = []
+    with_manifest = [c.id for c in commits if c.meta.get("kind") in ("snapshot", "patch", "push")]
+    found = _batch_check(store, "%(objectname)", [f"{commit}:{MANIFEST_PATH}" for commit in with_manifest])
+    manifest_oids = {commit: found[f"{commit}:{MANIFEST_PATH}"] for commit in with_manifest}
+    read = dict(_read_objects(store.path, [oid for oid in manifest_oids.values() if oid]))
+    for commit in commits:
+        if commit.id not in manifest_oids:
+            continue
+        label = _label(commit)
+        data = read.get(manifest_oids[commit.id]) if manifest_oids[commit.id] else None
+        if not isinstance(data, bytes):
+            why = "is missing" if manifest_oids[commit.id] is None else f"cannot be read ({data})"
+            result.problems.append(f"{label}: its manifest {MANIFEST_PATH} {why}")
+            continue
+        try:
+            manifest = Manifest.parse(data)
+        except (ValueError, KeyError, IndexError, UnicodeError) as exc:
+            result.problems.append(f"{label}: its manifest cannot be parsed: {exc}")
+            continue
+        result.commits += 1
+        manifests.append((commit, manifest))
+        _check_tree(store, commit, manifest, label, result)
+    _check_content(store, manifests, result)
+    _note_temp_packs(store.path, result)
+    return result
+
+
+def _label(commit: Commit) -> str:
+    kind = {"snapshot": "snapshot", "patch": "patch", "push": "push record"}[commit.meta["kind"]]
+    owner = commit.meta.get("node") or commit.meta.get("name") or ""
+    return f"{kind} {commit.short}" + (f" ({owner})" if owner else "")
+
+
+def _git_fsck(store: Store, result: FsckResult) -> None:
+    check = subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--full", "--no-dangling",
+                            "--no-progress"], capture_output=True, text=True, errors="replace")
+    for line in (check.stdout + check.stderr).splitlines():
         if line.strip() and not line.startswith(("Checking", "notice:")):
             result.problems.append(f"git fsck: {line.strip()}")
-    heads = [refs.NODES, refs.PATCHES]
-    revs = []
-    for prefix in heads:
-        for name, commit in store.refs(prefix).items():
-            revs.append(commit)
-    for name, commit in store.refs(refs.TAGS).items():
-        revs.append(commit)
-    digests: dict[str, str | None] = {}
-    seen = set()
+    if check.returncode != 0 and not result.problems:
+        result.problems.append(f"git fsck failed with exit {check.returncode}")
+
+
+def _check_refs(store: Store, result: FsckResult) -> list[str]:
+    """Every ref must name an object the store has; returns the refs that name commits."""
+    out = store.git("for-each-ref", "--format=%(refname) %(objectname)", "refs/")
+    refs = dict(line.split(" ", 1) for line in out.decode("utf-8", "surrogateescape").splitlines() if line)
+    refs = {name: oid for name, oid in refs.items() if not name.startswith("refs/snapver/")}  # scratch refs
+    found = _batch_check(store, "%(objecttype)", [*refs.values(), *(f"{oid}^{{commit}}" for oid in refs.values())])
+    tips = []
+    for name, oid in sorted(refs.items()):
+        what = next((kind + " " for prefix, kind in _REF_KINDS if name.startswith(prefix)), "")
+        if found[oid] is None:
+            result.problems.append(f"ref {name} points to {oid[:10]}, which is not in the store "
+                                   f"(a dangling {what}ref)")
+        elif found[f"{oid}^{{commit}}"] != "commit":
+            result.problems.append(f"ref {name} points to {oid[:10]}, a {found[oid]}, not a commit")
+        else:
+            tips.append(name)
+    return tips
+
+
+def _batch_check(store: Store, format: str, names: list[str]) -> dict[str, str | None]:
+    """``{name: what format says, or None if missing}`` for object names (``oid``, ``rev:path``…)."""
+    if not names:
+        return {}
+    out = store.git("cat-file", f"--batch-check={format}", input="".join(f"{n}\n" for n in names).encode())
+    return {name: None if line.endswith((" missing", " ambiguous")) else line.strip()
+            for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines())}
+
+
+def _commits(store: Store, tips: list[str], result: FsckResult) -> list[Commit]:
+    """Every commit reachable from ``tips``; a broken history is a problem, the rest still checked."""
     try:
-        commits = store.commits(sorted(set(revs))) if revs else []
-    except StoreError as exc:
-        result.problems.append(str(exc))
-        return result
-    for commit in commits:
-        if commit.id in seen or commit.meta.get("kind") not in ("snapshot", "patch"):
-            continue
-        seen.add(commit.id)
-        result.commits += 1
+        return store.commits(tips) if tips else []
+    except StoreError:
+        pass
+    found: dict[str, Commit] = {}
+    for tip in tips:
         try:
-            manifest = store.manifest(commit.id)
-            tree = store.ls_tree(commit.id)
+            commits = store.commits([tip])
         except StoreError as exc:
-            result.problems.append(f"snapshot {commit.short}: {exc.message}")
-            continue
-        for path in sorted(set(tree) - set(manifest.entries)):
-            result.problems.append(f"snapshot {commit.short}: {path!r} is in the tree but not the manifest")
-        for entry in manifest:
-            if entry.path not in tree:
-                result.problems.append(f"snapshot {commit.short}: {entry.path!r} is in the manifest but not the tree")
-                continue
-            mode, oid = tree[entry.path]
-            if oid != entry.oid or mode != entry.git_mode:
-                result.problems.append(f"snapshot {commit.short}: {entry.path!r} tree entry {mode} {oid[:10]} "
-                                       f"differs from the manifest")
-        missing = [e.oid for e in manifest if e.oid not in digests]
-        for oid in dict.fromkeys(missing):
+            result.problems.append(f"ref {tip}: its history cannot be read: {exc.message}")
             try:
-                data = store.read_blob(oid)
+                commits = store.commits([tip], no_walk=True)
             except StoreError:
-                digests[oid] = None
                 continue
-            digests[oid] = blake3.blake3(data).hexdigest() if blob_oid(data) == oid else "corrupt"
+        for commit in commits:
+            found.setdefault(commit.id, commit)
+    return sorted(found.values(), key=lambda c: c.time, reverse=True)
+
+
+def _check_tree(store: Store, commit: Commit, manifest: Manifest, label: str, result: FsckResult) -> None:
+    try:
+        tree = store.ls_tree(commit.id)
+    except StoreError as exc:
+        result.problems.append(f"{label}: its tree cannot be read: {exc.message}")
+        return
+    for path in sorted(set(tree) - set(manifest.entries)):
+        result.problems.append(f"{label}: {path!r} is in the tree but not the manifest")
+    for entry in manifest:
+        if entry.path not in tree:
+            result.problems.append(f"{label}: {entry.path!r} is in the manifest but not the tree")
+            continue
+        mode, oid = tree[entry.path]
+        if oid != entry.oid or mode != entry.git_mode:
+            result.problems.append(f"{label}: {entry.path!r}: tree entry {mode} {oid[:10]} differs from the "
+                                   f"manifest ({entry.git_mode} {entry.oid[:10]})")
+
+
+def _check_content(store: Store, manifests: list[tuple[Commit, Manifest]], result: FsckResult) -> None:
+    """Read every blob a manifest names once: its git id, size and blake3 must match."""
+    wanted = list(dict.fromkeys(entry.oid for _, manifest in manifests for entry in manifest))
+    facts: dict[str, tuple[int, str] | str] = {}
+    for oid, data in _read_objects(store.path, wanted):
+        if isinstance(data, str):
+            facts[oid] = data
+        elif blob_oid(data) != oid:
+            facts[oid] = "corrupt (its content does not hash to its id)"
+        else:
+            facts[oid] = (len(data), blake3.blake3(data).hexdigest())
             result.blobs += 1
+    for commit, manifest in manifests:
+        label = _label(commit)
         for entry in manifest:
-            actual = digests.get(entry.oid)
-            if actual is None:
-                result.problems.append(f"snapshot {commit.short}: {entry.path!r}: object {entry.oid[:10]} is missing")
-            elif actual == "corrupt":
-                result.problems.append(f"snapshot {commit.short}: {entry.path!r}: object {entry.oid[:10]} is corrupt")
-            elif actual != entry.digest:
-                result.problems.append(f"snapshot {commit.short}: {entry.path!r}: blake3 does not match the manifest")
-    return result
+            fact = facts.get(entry.oid, "missing")
+            if isinstance(fact, str):
+                result.problems.append(f"{label}: {entry.path!r}: object {entry.oid} is {fact}")
+            elif fact[1] != entry.digest:
+                result.problems.append(f"{label}: {entry.path!r}: blake3 {fact[1][:16]} does not match the "
+                                       f"manifest's {entry.digest[:16]}")
+            elif fact[0] != entry.size:
+                result.problems.append(f"{label}: {entry.path!r}: size {fact[0]} does not match the "
+                                       f"manifest's {entry.size}")
+
+
+def _read_objects(git_dir: Path, oids: list[str]) -> Iterator[tuple[str, bytes | str]]:
+    """``(oid, content)`` for each object, or ``(oid, why not)``: "missing", or "corrupt (…)"
+    when git could not read it. A ``cat-file`` that dies on a corrupt object is restarted
+    after it, so every object gets an answer."""
+    pending = list(oids)
+    while pending:
+        process = subprocess.Popen(["git", "--git-dir", str(git_dir), "cat-file", "--batch"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdin and process.stdout and process.stderr
+        feeder = threading.Thread(target=_feed, args=(process.stdin, pending), daemon=True)
+        feeder.start()
+        done = 0
+        try:
+            for oid in pending:
+                header = process.stdout.readline().split()
+                if len(header) == 2 and header[1] == b"missing":
+                    yield oid, "missing"
+                elif len(header) == 3:
+                    data = process.stdout.read(int(header[2]))
+                    if len(data) != int(header[2]) or process.stdout.read(1) != b"\n":
+                        break
+                    yield oid, data
+                else:
+                    break
+                done += 1
+        finally:
+            process.stdout.close()
+            process.kill()
+            stderr = process.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            process.stderr.close()
+            process.wait()
+            feeder.join()
+        if done < len(pending):
+            detail = stderr[-1] if stderr else "git cat-file could not read it"
+            yield pending[done], f"corrupt ({detail})"
+            done += 1
+        pending = pending[done:]
+
+
+def _feed(pipe, oids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    try:
+        for oid in oids:
+            pipe.write(f"{oid}\n".encode())
+        pipe.close()
+    except (OSError, ValueError):
+        pass  # cat-file died on a corrupt object; the reader restarts it
+
+
+def _note_temp_packs(git_dir: Path, result: FsckResult) -> None:
+    leftovers = list((git_dir / "objects" / "pack").glob(_TEMP_PACK + "*"))
+    if leftovers:
+        size = sum(path.stat().st_size for path in leftovers if path.exists())
+        result.notes.append(f"{len(leftovers)} unfinished pack file(s) ({size} bytes) left by interrupted "
+                            "writes: never visible, removed by the next write")

@@ -1,0 +1,261 @@
+"""Tools to make faults for real and to check the store afterwards, without snapver's code.
+
+- ``start_snapver`` runs the CLI as a subprocess that a test can kill;
+- ``wait_for`` polls a condition (the store's pack folder filling, a process appearing);
+- ``new_session_pids`` finds the ``sshd: root@notty`` processes serving a connection;
+- ``CuttingProxy`` is a TCP relay on loopback that resets both sides after N bytes;
+- ``hostile_python`` writes a node-side ``python`` that runs a tampered agent;
+- ``assert_store_sound`` is what must hold after every fault: git and snapver fsck clean,
+  no snapshot half-made, nothing left locked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NODE_REF = "refs/heads/nodes/"
+
+
+def snapver_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+def start_snapver(*args: str, env: dict[str, str] | None = None, **popen: object) -> subprocess.Popen[bytes]:
+    """``python -m snapver ARGS`` in the background (stdout/stderr piped)."""
+    return subprocess.Popen([sys.executable, "-m", "snapver", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=snapver_env(env), **popen)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.005) -> object:
+    """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def git(store: Path, *args: str, input: bytes | None = None, check: bool = True) -> bytes:  # noqa: A002
+    done = subprocess.run(["git", "--git-dir", str(store), *args], input=input, capture_output=True)
+    if check and done.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)}: {done.stderr.decode(errors='replace')}")
+    return done.stdout
+
+
+def all_refs(store: Path) -> dict[str, str]:
+    """Every ref of the store (``{name: oid}``); {} when there is no store yet."""
+    if not (store / "HEAD").exists():
+        return {}
+    out = git(store, "for-each-ref", "--format=%(refname) %(objectname)").decode()
+    return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+def pack_bytes(store: Path) -> int:
+    """Bytes written in the store's pack folder so far (finished and temporary packs)."""
+    folder = store / "objects" / "pack"
+    total = 0
+    try:
+        for entry in os.scandir(folder):
+            try:
+                total += entry.stat().st_size
+            except FileNotFoundError:
+                pass
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def live_blob_ids(site: Path, tracked: str = "sglang/srt") -> dict[str, str]:
+    """``{path: git blob id}`` of the live files and links (``__pycache__``/``*.pyc`` left out)."""
+    root = os.fsencode(site)
+    found = {}
+    for folder, dirs, files in os.walk(os.path.join(root, os.fsencode(tracked))):
+        dirs[:] = [d for d in dirs if d != b"__pycache__" and not os.path.islink(os.path.join(folder, d))]
+        names = files + [d for d in os.listdir(folder) if os.path.islink(os.path.join(folder, d))
+                         and d not in files]
+        for name in names:
+            if name.endswith(b".pyc"):
+                continue
+            full = os.path.join(folder, name)
+            if os.path.islink(full):
+                data = os.readlink(full)
+            else:
+                with open(full, "rb") as handle:
+                    data = handle.read()
+            found[os.fsdecode(os.path.relpath(full, root))] = blob_id(data)
+    return found
+
+
+def snapshot_blob_ids(store: Path, rev: str) -> dict[str, str]:
+    """``{path: blob id}`` of a snapshot's tree, read with git (manifest left out)."""
+    out = git(store, "ls-tree", "-r", "-z", "--full-tree", rev)
+    found = {}
+    for record in out.split(b"\0"):
+        if record:
+            meta, _, path = record.partition(b"\t")
+            found[os.fsdecode(path)] = meta.split()[2].decode()
+    found.pop(".snapver/manifest", None)
+    return found
+
+
+def assert_store_sound(store: Path, run_snapver: Callable[..., object], refs_before: dict[str, str]) -> None:
+    """After a fault: refs exactly as before (no partial snapshot), git fsck and snapver fsck
+    clean, and the lock free (fsck would not tell; a zero-wait lock attempt does)."""
+    assert all_refs(store) == refs_before, "a ref moved although the command failed"
+    if (store / "HEAD").exists():
+        check = subprocess.run(["git", "--git-dir", str(store), "fsck", "--full", "--no-dangling"],
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    result = run_snapver("fsck")
+    assert result.code == 0, str(result)
+    assert "Traceback" not in result.err
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def sshd_session_pids(sshd_dir: Path) -> set[int]:
+    """The ``sshd: root@notty`` processes below the test sshd (one per open session)."""
+    servers = []
+    for pid_file in sshd_dir.glob("sshd.*.pid"):
+        servers.append(int(pid_file.read_text().split()[0]))
+    return {pid for server in servers for pid in descendants(server) if cmdline(pid).startswith("sshd: root@notty")}
+
+
+class CuttingProxy:
+    """A TCP relay ``listen_address:port`` → ``target``; once ``cut_after`` bytes have flowed
+    from the target to the client it resets both connections (SO_LINGER 0: an RST, as a
+    dropped link or a killed middlebox would)."""
+
+    def __init__(self, listen_address: str, target: tuple[str, int], cut_after: int | None) -> None:
+        self.target = target
+        self.cut_after = cut_after
+        self.relayed = 0
+        self.cut = threading.Event()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((listen_address, 0))
+        self._listener.listen(8)
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.relayed += len(data)
+                        due = self.cut_after is not None and self.relayed >= self.cut_after
+                    if due:
+                        self.reset()
+                        return
+        except OSError:
+            pass
+        finally:
+            if not self.cut.is_set():
+                for sock in (source, sink):
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def reset(self) -> None:
+        """Cut every relayed connection now, with a reset."""
+        self.cut.set()
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._listener.close()
+        self.reset()
+
+
+AGENT_WRAPPER = '''#!{python}
+"""A compromised node's python: runs the agent snapver sends, with {payload} spliced in."""
+import re, sys
+code = sys.argv[sys.argv.index("-c") + 1]
+source = sys.stdin.buffer.read(int(re.search(r"read\\((\\d+)\\)", code).group(1))).decode()
+with open({payload!r}) as handle:
+    payload = handle.read()
+marker = '\\nif __name__ == "__main__"'
+assert marker in source
+source = source.replace(marker, "\\n" + payload + marker)
+exec(compile(source, "snapver-agent", "exec"), {{"__name__": "__main__"}})
+'''
+
+
+def hostile_python(folder: Path, payload: str) -> Path:
+    """A node-side ``python`` (point the node's ``python`` key at it) that runs the agent
+    it is sent with ``payload`` added just before the agent starts serving: the payload can
+    replace entries of the agent's ``OPS`` table to send whatever replies it likes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    payload_file = folder / "payload.py"
+    payload_file.write_text(payload)
+    wrapper = folder / "python"
+    wrapper.write_text(AGENT_WRAPPER.format(python=sys.executable, payload=str(payload_file)))
+    wrapper.chmod(0o755)
+    return wrapper
