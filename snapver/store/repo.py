@@ -142,9 +142,14 @@ class Store:
 
         with self._cat_lock:
             try:
-                _, _, _, data = self.repo.git.get_object_data(oid)
-            except (ValueError, git.GitCommandError) as exc:
-                raise StoreError(f"object {oid} is missing from the store") from exc
+                _, _, size, data = self.repo.git.get_object_data(oid)
+                if len(data) != size:  # git announced it, then died reading a corrupt object
+                    raise ValueError(f"read {len(data)} of {size} bytes")
+            except (ValueError, OSError, git.GitCommandError) as exc:
+                # A corrupt object ends git's persistent cat-file (BrokenPipeError next): restart it.
+                self.repo.git.clear_cache()
+                raise StoreError(f"object {oid} is missing from the store, or corrupt",
+                                 hint="run `snapver fsck`") from exc
         return data
 
     def read_blobs(self, oids: Iterable[str]) -> Iterator[tuple[str, bytes]]:
@@ -153,7 +158,7 @@ class Store:
         if not wanted:
             return
         process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "--batch"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert process.stdin and process.stdout
         writer = threading.Thread(target=_feed, args=(process.stdin, wanted), daemon=True)
         writer.start()
@@ -165,7 +170,8 @@ class Store:
                     raise StoreError(f"object {oid} is missing from the store")
                 size = int(parts[2])
                 data = process.stdout.read(size)
-                process.stdout.read(1)
+                if len(data) != size or process.stdout.read(1) != b"\n":
+                    raise StoreError(f"object {oid} in the store is corrupt", hint="run `snapver fsck`")
                 yield oid, data
         finally:
             process.stdout.close()
