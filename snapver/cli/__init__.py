@@ -28,6 +28,18 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 
 
+def _stdout_closed() -> bool:
+    """True when whoever reads our stdout has gone (a pipe reports POLLERR then)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, print errors as one line, exit with their code."""
     command = typer.main.get_command(app)
@@ -49,8 +61,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("snapver: interrupted", file=sys.stderr)
         sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
+    except BrokenPipeError as exc:
+        if _stdout_closed():  # `snapver log | head`: the reader has all it wanted
+            sys.exit(0)
+        # A pipe to a helper process (git) broke: a failure, never a silent success.
+        print(f"snapver: error: internal error: {exc}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no raw traceback
         if STATE.verbose:
             traceback.print_exc()
