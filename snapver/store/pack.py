@@ -19,6 +19,34 @@ from pathlib import Path
 
 BLOB_TYPE = 3
 LEVEL = 0  # stored deflate: see the module docstring
+TEMP_PREFIX = "tmp_pack_snapver_"
+
+
+def remove_dead_writers_packs(pack_dir: Path) -> None:
+    """Delete the temporary packs of writers that died (SIGKILL, power loss) before finishing.
+
+    Their names carry the writer's pid; a pack of a live process is left alone.
+    """
+    for path in pack_dir.glob(TEMP_PREFIX + "*"):
+        try:
+            pid = int(path.name[len(TEMP_PREFIX):].split("_")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, PermissionError, OSError):
+            continue
+
+
+def _read_only_mode() -> int:
+    """0o444 less the umask, as git makes its packs (the umask read without changing it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o444 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o444
 
 
 def _object_header(kind: int, size: int) -> bytes:
@@ -39,7 +67,8 @@ class PackWriter:
     def __init__(self, objects_dir: Path) -> None:
         self.pack_dir = objects_dir / "pack"
         self.pack_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = self.pack_dir / f"tmp_pack_snapver_{os.getpid()}_{id(self):x}"
+        remove_dead_writers_packs(self.pack_dir)
+        self.tmp_path = self.pack_dir / f"{TEMP_PREFIX}{os.getpid()}_{id(self):x}"
         self._file = open(self.tmp_path, "wb")
         self._file.write(b"PACK" + struct.pack(">II", 2, 0))  # count fixed in finish()
         self._offset = 12
@@ -82,7 +111,7 @@ class PackWriter:
             os.fsync(handle.fileno())
         name = f"pack-{pack_sha.hex()}"
         final_pack = self.pack_dir / f"{name}.pack"
-        os.chmod(self.tmp_path, 0o444)
+        os.chmod(self.tmp_path, _read_only_mode())
         os.replace(self.tmp_path, final_pack)
         index = _index_bytes(self._entries, pack_sha)
         tmp_idx = self.pack_dir / f"tmp_idx_{name}"
@@ -90,7 +119,7 @@ class PackWriter:
             handle.write(index)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_idx, 0o444)
+        os.chmod(tmp_idx, _read_only_mode())
         os.replace(tmp_idx, self.pack_dir / f"{name}.idx")
         return final_pack
 
