@@ -180,15 +180,31 @@ def op_hello(channel, request):
     })
 
 
+SETTLE_NS = 100 * 10**6  # a file changed more recently than this may be half-way through a rewrite
+
+
 def read_stable(full, st):
-    """Read a file and make sure it did not change while read; returns (data, stat)."""
+    """Read a file and make sure it did not change while read; returns (data, stat).
+
+    A file rewritten in place (truncate, then write) passes through states that are
+    neither old nor new; one whose ctime is under SETTLE_NS old is read only once it has
+    stayed the same that long.
+    """
     for _ in range(5):
         with open(full, "rb") as handle:
             data = handle.read()
             after = os.fstat(handle.fileno())
-        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (len(data), st.st_mtime_ns, st.st_ctime_ns):
-            return data, after
-        st = after
+        key = (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns)
+        if key == (st.st_ino, len(data), st.st_mtime_ns, st.st_ctime_ns):
+            quiet = time.time_ns() - after.st_ctime_ns
+            if quiet >= SETTLE_NS:
+                return data, after
+            time.sleep(min(SETTLE_NS, SETTLE_NS - quiet) / 1e9)
+            st = os.lstat(full)
+            if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == key:
+                return data, after
+        else:
+            st = after
     raise AgentError("%s: keeps changing while read" % full, "remote")
 
 

@@ -1,0 +1,197 @@
+"""Pull under real faults: the process SIGKILLed, the sshd session killed, the TCP
+connection reset, the store's disk full, a node file rewritten while it is read.
+
+After each: the refs are exactly as before (no partial snapshot visible), `git fsck`
+and `snapver fsck` are clean, nothing unfinished is left in the pack folder, and the
+next pull succeeds and records the live tree exactly. The real sglang tree (84 MB,
+~2 s to pull here) makes a pull last long enough to be hit mid-transfer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from faultkit import (CuttingProxy, all_refs, assert_store_sound, live_blob_ids, pack_bytes,
+                      snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
+
+SRT = "sglang/srt"
+MID_TRANSFER = 8 << 20  # bytes of the ~84 MB in the store when the fault strikes
+
+
+def temp_packs(store: Path) -> list[str]:
+    return sorted(p.name for p in (store / "objects" / "pack").glob("tmp_*"))
+
+
+@pytest.fixture
+def fleet(sglang_site_template, small_site, ssh_node, local_node, write_config, run_snapver, store):
+    """Node ``small`` already snapshotted; node ``ct200`` (the real tree, over ssh) not yet."""
+
+    def configure(**ct200_keys) -> dict:
+        nodes = {"small": local_node(small_site), "ct200": ssh_node("ct200", sglang_site_template, **ct200_keys)}
+        write_config(nodes)
+        return nodes
+
+    configure()
+    first = run_snapver("pull", "small")
+    assert first.code == 0, str(first)
+    return configure
+
+
+def assert_next_pull_is_exact(run_snapver, store: Path, site: Path) -> None:
+    result = run_snapver("pull", "--json", "ct200")
+    assert result.code == 0, str(result)
+    assert json.loads(result.out)["nodes"][0]["snapshot"]
+    assert snapshot_blob_ids(store, "refs/heads/nodes/ct200") == live_blob_ids(site)
+    assert temp_packs(store) == []
+
+
+def test_sigkill_mid_pull(fleet, run_snapver, store, sglang_site_template) -> None:
+    before = all_refs(store)
+    start_bytes = pack_bytes(store)
+    pull = start_snapver("pull", "ct200")
+    wait_for(lambda: pull.poll() is not None or pack_bytes(store) - start_bytes > MID_TRANSFER, 60,
+             "the pull to be mid-transfer")
+    assert pull.poll() is None, f"the pull ended before it could be killed: {pull.communicate()}"
+    pull.send_signal(signal.SIGKILL)
+    pull.communicate(timeout=30)
+    assert temp_packs(store), "the kill did not strike while a pack was being written"
+    assert_store_sound(store, run_snapver, before)
+    # The next write removes what the killed one left in the pack folder.
+    assert_next_pull_is_exact(run_snapver, store, sglang_site_template)
+
+
+def test_sshd_session_killed_mid_pull(fleet, sshd, run_snapver, store, sglang_site_template) -> None:
+    before = all_refs(store)
+    existing = sshd_session_pids(sshd.dir)
+    start_bytes = pack_bytes(store)
+    pull = start_snapver("pull", "ct200")
+    wait_for(lambda: pull.poll() is not None or pack_bytes(store) - start_bytes > MID_TRANSFER, 60,
+             "the pull to be mid-transfer")
+    sessions = sshd_session_pids(sshd.dir) - existing
+    assert pull.poll() is None and sessions, f"nothing to kill: {sessions} {pull.poll()}"
+    for pid in sessions:
+        os.kill(pid, signal.SIGKILL)
+    out, err = pull.communicate(timeout=60)
+    assert pull.returncode == 3, err.decode()
+    assert "ct200" in err.decode() and "Traceback" not in err.decode()
+    assert_store_sound(store, run_snapver, before)
+    assert temp_packs(store) == []
+    assert_next_pull_is_exact(run_snapver, store, sglang_site_template)
+
+
+def test_connection_reset_mid_pull(fleet, sshd, run_snapver, store, sglang_site_template, tmp_path) -> None:
+    address = sshd.addresses["ct200"]
+    proxy = CuttingProxy(address, (address, sshd.port), cut_after=MID_TRANSFER)
+    known_hosts = tmp_path / "proxy_known_hosts"
+    known_hosts.write_text(f"[{address}]:{proxy.port} {sshd.host_public_key}\n")
+    fleet(port=proxy.port, known_hosts=str(known_hosts))
+    before = all_refs(store)
+    try:
+        result = run_snapver("pull", "ct200", timeout=90)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set(), "the proxy never cut the connection"
+    assert result.code == 3, str(result)
+    assert "ct200" in result.err and "Traceback" not in result.err
+    assert_store_sound(store, run_snapver, before)
+    assert temp_packs(store) == []
+    fleet()  # the link is back
+    assert_next_pull_is_exact(run_snapver, store, sglang_site_template)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs (we are root); unmounted afterwards, whatever happened."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_store_disk_full(small_disk, small_site, make_site_packages, local_node, write_config, run_snapver) -> None:
+    store = small_disk / "snapshots"
+    big = make_site_packages("big", files={f"{SRT}/weights.bin": os.urandom(4 << 20),
+                                           f"{SRT}/a.py": "a = 1\n"})
+    write_config({"small": local_node(small_site), "big": local_node(big)}, store=str(store))
+    assert run_snapver("pull", "small").code == 0
+    before = all_refs(store)
+    result = run_snapver("pull", "big")
+    assert result.code == 4, str(result)
+    assert "No space left" in result.err and "Traceback" not in result.err
+    assert "internal error" not in result.err
+    assert temp_packs(store) == []  # the half-written pack was removed, so the space is back
+    assert_store_sound(store, run_snapver, before)
+    # The next command that fits succeeds.
+    (small_site / SRT / "server_args.py").write_text("port = 1\n")
+    result = run_snapver("pull", "small")
+    assert result.code == 0, str(result)
+    assert snapshot_blob_ids(store, "refs/heads/nodes/small") == live_blob_ids(small_site)
+
+
+OLD = b"A" * (1 << 20) + b"# old\n"
+NEW = b"B" * (1 << 20) + b"# new version\n"
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_file_rewritten_while_read(transport, make_site_packages, local_node, ssh_node, write_config, run_snapver,
+                                   store) -> None:
+    """A file rewritten in place, in a loop, during the pull: each snapshot holds it old or
+    new, byte for byte — or the pull fails clearly and records nothing."""
+    site = make_site_packages("busy", files={f"{SRT}/hot.py": OLD, f"{SRT}/calm.py": "calm\n"})
+    hot = site / SRT / "hot.py"
+    node = local_node(site) if transport == "local" else ssh_node("ct200", site)
+    write_config({"busy": node})
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        # In place (truncate, then write in pieces), as `echo > file` or a careless editor
+        # does: bursts of rewrites, then a pause in which a read can find the file settled.
+        content = [OLD, NEW]
+        turn = 0
+        while not stop.is_set():
+            burst_end = time.monotonic() + 0.3
+            while time.monotonic() < burst_end:
+                turn ^= 1
+                with open(hot, "r+b") as handle:
+                    handle.truncate(0)
+                    data = content[turn]
+                    for at in range(0, len(data), 1 << 16):
+                        handle.write(data[at:at + (1 << 16)])
+                        handle.flush()
+            stop.wait(0.3)
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    outcomes = []
+    try:
+        for _ in range(4):
+            before = all_refs(store)
+            result = run_snapver("pull", "--json", "busy")
+            outcomes.append(result.code)
+            assert "Traceback" not in result.err
+            if result.code == 0:
+                head = all_refs(store)["refs/heads/nodes/busy"]
+                blob = subprocess.run(["git", "--git-dir", str(store), "cat-file", "blob",
+                                       f"{head}:{SRT}/hot.py"], capture_output=True, check=True).stdout
+                assert blob in (OLD, NEW), f"torn snapshot: {len(blob)} bytes, starts {blob[:8]!r}"
+            else:
+                assert result.code == 3, str(result)
+                assert "changing" in result.err, result.err
+                assert all_refs(store) == before
+    finally:
+        stop.set()
+        writer.join()
+    assert_store_sound(store, run_snapver, all_refs(store))
