@@ -186,7 +186,7 @@ def quote_path(path: str) -> str:
 
 
 def unquote_path(text: str) -> str:
-    """Inverse of :func:`quote_path` (also reads git's own quoted paths)."""
+    """Inverse of :func:`quote_path` (also reads git's own quoted paths); ValueError if malformed."""
     if not (len(text) >= 2 and text.startswith('"') and text.endswith('"')):
         return text
     raw = bytearray()
@@ -198,13 +198,15 @@ def unquote_path(text: str) -> str:
             raw += ch.encode("utf-8", "surrogateescape")
             i += 1
             continue
-        nxt = body[i + 1]
-        if nxt in "01234567":
-            raw.append(int(body[i + 1:i + 4], 8))
+        digits = body[i + 1:i + 4]
+        if len(digits) == 3 and all(c in "01234567" for c in digits) and int(digits, 8) < 256:
+            raw.append(int(digits, 8))
             i += 4
-        else:
-            raw += _UNESCAPES[nxt].encode()
+        elif digits[:1] and digits[0] in _UNESCAPES:
+            raw += _UNESCAPES[digits[0]].encode()
             i += 2
+        else:
+            raise ValueError(f"malformed escape in the quoted path {text!r}")
     return raw.decode("utf-8", "surrogateescape")
 
 

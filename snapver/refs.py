@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, timezone
 
 from snapver.config import Config
 from snapver.errors import RefError, StoreError
@@ -315,10 +315,15 @@ def _few(names: list[str], limit: int = 8) -> str:
 def _parse_moment(text: str) -> datetime | None:
     """The latest moment ``NODE@text`` admits: the end of a day, or an ISO time (local)."""
     day = parse_day(text)
-    if day is not None:
-        return datetime.combine(day + timedelta(days=1), time.min).astimezone() - timedelta(microseconds=1)
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.astimezone()
+        if day is not None:
+            return datetime.combine(day + timedelta(days=1), time.min).astimezone() - timedelta(microseconds=1)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return moment if moment.tzinfo else moment.astimezone()
+    except (OverflowError, ValueError):
+        # Past the ends of the calendar: the last day admits every snapshot, the first none.
+        edge = datetime.max if (day or moment).year == datetime.max.year else datetime.min
+        return edge.replace(tzinfo=timezone.utc)

@@ -96,18 +96,12 @@ def parse_diff(data: bytes, source: str = "the diff") -> ParsedDiff:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith(b"diff --git "):
-            diff, i = _parse_git_section(lines, i, source)
-            files.append(diff)
-        elif line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
-            diff = FileDiff(_header_path(lines[i][4:]), _header_path(lines[i + 1][4:]), i + 1)
-            old_absent, new_absent = _epoch(lines[i]), _epoch(lines[i + 1])
-            i = _parse_hunks(lines, i + 2, diff, source)
-            # `diff -N` shows a missing side as an empty file dated at the epoch.
-            if old_absent and all(h.old_count == 0 for h in diff.hunks):
-                diff.old_path = None
-            elif new_absent and all(h.new_count == 0 for h in diff.hunks):
-                diff.new_path = None
+        try:
+            section = _parse_section(lines, i, source)
+        except ValueError as exc:  # a bad number, mode or quoted name in a header line
+            raise PatchError(f"{source}, near line {i + 1}: malformed diff: {exc}") from None
+        if section is not None:
+            diff, i = section
             files.append(diff)
         elif line.startswith(b"Only in "):
             raise PatchError(f"{source}, line {i + 1}: {_show(line)}: the diff lacks that file's content",
@@ -124,6 +118,24 @@ def parse_diff(data: bytes, source: str = "the diff") -> ParsedDiff:
         raise PatchError(f"{source} holds no unified diff", hint="expected output of `diff -u`, `git diff` "
                          "or `git format-patch`")
     return ParsedDiff(files, subject)
+
+
+def _parse_section(lines: list[bytes], i: int, source: str) -> tuple[FileDiff, int] | None:
+    """The file section starting at line ``i`` and the line after it, or None if none starts there."""
+    line = lines[i]
+    if line.startswith(b"diff --git "):
+        return _parse_git_section(lines, i, source)
+    if line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
+        diff = FileDiff(_header_path(lines[i][4:]), _header_path(lines[i + 1][4:]), i + 1)
+        old_absent, new_absent = _epoch(lines[i]), _epoch(lines[i + 1])
+        i = _parse_hunks(lines, i + 2, diff, source)
+        # `diff -N` shows a missing side as an empty file dated at the epoch.
+        if old_absent and all(h.old_count == 0 for h in diff.hunks):
+            diff.old_path = None
+        elif new_absent and all(h.new_count == 0 for h in diff.hunks):
+            diff.new_path = None
+        return diff, i
+    return None
 
 
 def _show(line: bytes) -> str:
