@@ -79,6 +79,9 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
         raise
     live = {e.path: Live(e.kind, e.oid, e.mode) for e in listing.entries}
     plan.node.steps = restore_steps(live, wanted)
+    if plan.ignored:
+        plan.node.notes.append(f"{plan.ignored} path(s) of {target[:10]} lie outside the node's tracked paths "
+                               f"({', '.join(spec.paths)}) and are left alone")
     return plan
 
 

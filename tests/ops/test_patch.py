@@ -20,7 +20,7 @@ from helpers import git_blob, git_ls_tree, tree_hashes
 
 from snapver.config import load_config
 from snapver.errors import PatchError, RefError, UsageError
-from snapver.ops.patch import delete_patch, import_patch, new_patch
+from snapver.ops.patch import delete_patch, export_patch, import_patch, new_patch
 from snapver.store.repo import Store
 
 RUNNER = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"
@@ -156,6 +156,7 @@ def small(make_site_packages, write_config, local_node, run_snapver, isolated_en
         "sglang/srt/dir name/with space.py": "s = 1\n",
         "sglang/srt/gone.py": "bye\n",
         "sglang/srt/blob.bin": b"\x00\x01binary\x00",
+        "sglang/srt/日本.py": "jp = 1\n",
         "sglang/top.py": "outside the tracked tree\n",
     }
     site = make_site_packages("small", files=files)
@@ -212,6 +213,7 @@ def test_import_formats(small, tmp_path):
     sh("git", "commit", "-qm", "base", cwd=repo)
     (repo / "sglang/srt/blob.bin").write_bytes(b"\x00\x02other binary\x00" * 3)
     (repo / "sglang/srt/dir name/with space.py").write_text("s = 2\n")
+    (repo / "sglang/srt/日本.py").write_text("jp = 2\n")  # git quotes this name: "a/sglang/srt/\346..."
     os.chmod(repo / "sglang/srt/a.py", 0o755)
     sh("git", "commit", "-qam", "Fix the graph capture", cwd=repo)
     mail = sh("git", "format-patch", "-1", "--binary", "--stdout", cwd=repo)
@@ -222,7 +224,21 @@ def test_import_formats(small, tmp_path):
     assert got["sglang/srt/dir name/with space.py"][1] == b"s = 2\n"
     assert got["sglang/srt/a.py"] == ("100755", (old / "sglang/srt/a.py").read_bytes())
     assert {f.path for f in patch.files} == {"sglang/srt/blob.bin", "sglang/srt/dir name/with space.py",
-                                             "sglang/srt/a.py"}
+                                             "sglang/srt/a.py", "sglang/srt/日本.py"}
+    assert got["sglang/srt/日本.py"][1] == b"jp = 2\n"
+    # Exported again, it applies with git apply (binary too) and patch -p1 (text) in site-packages.
+    full = export_patch(small[3], "mail")
+    text_only = b"".join(b"diff --git " + part for part in full.split(b"diff --git ")[1:]
+                         if b"GIT binary patch" not in part)  # patch(1) has no binary patches
+    text_files = ("sglang/srt/a.py", "sglang/srt/dir name/with space.py", "sglang/srt/日本.py")
+    for tool, diff, files in ((["git", "apply"], full, text_files + ("sglang/srt/blob.bin",)),
+                              (["patch", "-p1", "--batch", "--quiet"], text_only, text_files)):
+        target = tmp_path / f"apply-{tool[0]}"
+        shutil.copytree(old, target, symlinks=True)
+        sh(*tool, cwd=target, input=diff)
+        for rel in files:
+            assert (target / rel).read_bytes() == (repo / rel).read_bytes(), (tool, rel)
+        assert os.stat(target / "sglang/srt/a.py").st_mode & 0o111
 
 
 def test_import_refuses_bad_diffs(small, tmp_path):
