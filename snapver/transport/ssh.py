@@ -41,6 +41,11 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     return transport
 
 
+# What paramiko raises when a server accepts TCP but stalls before the banner, or after
+# it (the handshake timed out, and authentication then finds no session).
+_HANDSHAKE_TIMEOUTS = ("Error reading SSH protocol banner", "No existing session")
+
+
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH-style SHA256 fingerprint of a host key."""
     return key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()
@@ -124,6 +129,9 @@ class SshTransport(Transport):
             raise TransportError(f"{spec.name}: {spec.address} did not answer within "
                                  f"{spec.connect_timeout:g} s") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if str(exc).startswith(_HANDSHAKE_TIMEOUTS):
+                raise TransportError(f"{spec.name}: {spec.address} did not complete the SSH handshake within "
+                                     f"{spec.connect_timeout:g} s") from exc
             raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
         return connection
 

@@ -246,5 +246,5 @@ def test_unanswering_node_is_exit_3_within_connect_timeout(request, site, ssh_no
     result = run_snapver("pull", "ct200", timeout=60)
     elapsed = time.monotonic() - began
     assert_clean_error(result, 3)
-    assert "ct200" in result.err
+    assert f"ct200: root@127.0.0.200:{port} did not" in result.err and f"within {timeout} s" in result.err
     assert timeout * 0.9 <= elapsed < timeout + startup + 1.5, f"took {elapsed:.1f} s\n{result}"
