@@ -1,0 +1,214 @@
+"""Benchmark: a fleet of 16 identical nodes, `snapver pull --all` vs 16 parallel `rsync -a`.
+
+    python3 bench/fleet.py [--runs N] [--json] [--keep]
+
+One sshd (one config, 16 ListenAddress lines: 127.0.0.10-25, OpenSSH's limit per
+process) serves 16 nodes fleet00..fleet15, each a copy of the real sglang/srt tree
+(the wheel unpacked once, then `cp -a`). Interleaved, each round, into fresh stores
+and folders:
+
+  snapver pull fleet00     one node (the reference)
+  snapver pull --all       all 16 at once
+  rsync -a (1 node)        one node
+  rsync -a x16             16 rsync -a at once, one folder per node
+
+Reported: wall time (median), bytes on the wire and fetched bytes from snapver's
+`--json` (wire_bytes: the agent protocol both ways, fetched_bytes: file content
+received; summed over nodes), rsync's own `--stats` byte counts (protocol bytes, both
+ways), peak client memory, and the ratios of issue 5: the fleet pull against one
+node's pull (wall <= 2x, bytes <= 1.2x), and against 16 rsyncs. Timed snapver runs
+get SNAPVER_AUTO_GC=0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import BenchEnv, Case, bench_env, interleave, median, run, run_measured, run_measured_all  # noqa: E402
+
+FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
+ONE = "fleet00"
+WALL_BAR = 2.0
+BYTES_BAR = 1.2
+
+
+def build_fleet(env: BenchEnv) -> dict[str, Path]:
+    """The wheel unpacked for the first node, copied (cp -a: same bytes, modes, times) for the others."""
+    sites = {ONE: env.build_node(ONE)}
+    for node in FLEET:
+        if node != ONE:
+            sites[node] = env.work / "nodes" / node / "site-packages"
+            sites[node].parent.mkdir(parents=True)
+            run(["cp", "-a", str(sites[ONE]), str(sites[node])])
+    return sites
+
+
+def _rsync_bytes(done: subprocess.CompletedProcess[bytes]) -> tuple[int, int]:
+    """(files transferred, bytes sent + received) from rsync --stats."""
+    text = done.stdout.decode()
+
+    def number(label: str) -> int:
+        found = re.search(rf"^{label}: ([\d,]+)", text, re.M)
+        if not found:
+            raise RuntimeError(f"rsync --stats without {label!r}:\n{text}")
+        return int(found.group(1).replace(",", ""))
+
+    return (number("Number of regular files transferred"),
+            number("Total bytes sent") + number("Total bytes received"))
+
+
+def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
+    sites = build_fleet(env)
+    files = sum(1 for p in (sites[ONE] / "sglang" / "srt").rglob("*") if not p.is_dir())
+    project = env.work / "project"
+    env.write_config(project, {node: env.node_table(node, sites[node]) for node in FLEET})
+    store = project / "snapshots"
+    snapver_env = {**env.env(), "SNAPVER_AUTO_GC": "0"}
+    copies = env.work / "copies"
+    stats: dict[str, list[dict[str, Any]]] = {}
+
+    def record(name: str, **figures: Any) -> None:
+        stats.setdefault(name, []).append(figures)
+
+    def snapver_pull(name: str, *targets: str) -> Case:
+        def body(_round: int) -> None:
+            done, peak = run_measured([sys.executable, "-m", "snapver", "pull", "--json", *targets],
+                                      cwd=project, env=snapver_env)
+            nodes = json.loads(done.stdout)["nodes"]
+            if len(nodes) != (len(FLEET) if "--all" in targets else 1) or not all(n["ok"] for n in nodes):
+                raise RuntimeError(f"snapver pull {' '.join(targets)}: {nodes}")
+            record(name, peak_kib=peak, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
+                   wire_bytes=sum(n["wire_bytes"] for n in nodes),
+                   fetched_files=sum(n["fetched_files"] for n in nodes),
+                   nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
+                   per_node=[{k: n[k] for k in ("node", "fetched_files", "fetched_bytes", "wire_bytes", "seconds")}
+                             for n in nodes])
+        return Case(name, setup=lambda _round: shutil.rmtree(store, ignore_errors=True), run=body)
+
+    def rsync(name: str, nodes: list[str]) -> Case:
+        commands = [["rsync", "-a", "--stats", "-e", env.ssh_e(),
+                     env.remote(node, f"{sites[node]}/sglang/srt/"), f"{copies / node}/"] for node in nodes]
+
+        def body(_round: int) -> None:
+            done = run_measured_all(commands)
+            transferred = [_rsync_bytes(d) for d, _peak in done]
+            if any(count != files for count, _bytes in transferred):
+                raise RuntimeError(f"{name}: files transferred {[c for c, _b in transferred]}, wanted {files}")
+            record(name, peak_kib=sum(p for _d, p in done), wire_bytes=sum(b for _c, b in transferred))
+
+        def setup(_round: int) -> None:
+            shutil.rmtree(copies, ignore_errors=True)
+            copies.mkdir()
+
+        return Case(name, setup=setup, run=body)
+
+    cases = [snapver_pull("snapver pull fleet00", ONE), snapver_pull("snapver pull --all", "--all"),
+             rsync("rsync -a (1 node)", [ONE]), rsync("rsync -a x16", list(FLEET))]
+    print(f"16 nodes x {files} files; {runs} interleaved runs (+1 warm-up)", file=sys.stderr)
+    load_before = _uptime()
+    timings = interleave(cases, runs)
+    kept = {name: figures[1:] for name, figures in stats.items()}  # drop the warm-up round
+    return {"files": files, "runs": runs, "timings": timings, "figures": kept,
+            "load_before": load_before, "load_after": _uptime()}
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    timings, figures = result["timings"], result["figures"]
+    rows = []
+    for name, times in timings.items():
+        kept = figures[name]
+        rows.append({"case": name, "runs": len(times), "median_s": round(median(times), 3),
+                     "min_s": round(min(times), 3), "max_s": round(max(times), 3),
+                     "wire_bytes": int(median([f["wire_bytes"] for f in kept])),
+                     "fetched_bytes": int(median([f["fetched_bytes"] for f in kept])) if "fetched_bytes" in kept[0]
+                     else None,
+                     "nodes_sending_files": kept[-1].get("nodes_sending_files"),
+                     "peak_kib": max(f["peak_kib"] for f in kept)})
+    by = {row["case"]: row for row in rows}
+    fleet, one = by["snapver pull --all"], by["snapver pull fleet00"]
+    ratios = {
+        "wall: snapver --all / snapver one node": fleet["median_s"] / one["median_s"],
+        "wire bytes: snapver --all / snapver one node": fleet["wire_bytes"] / one["wire_bytes"],
+        "fetched bytes: snapver --all / snapver one node": fleet["fetched_bytes"] / one["fetched_bytes"],
+        "wall: rsync x16 / rsync one node": by["rsync -a x16"]["median_s"] / by["rsync -a (1 node)"]["median_s"],
+        "wall: snapver --all / rsync x16": fleet["median_s"] / by["rsync -a x16"]["median_s"],
+        "wire bytes: snapver --all / rsync x16": fleet["wire_bytes"] / by["rsync -a x16"]["wire_bytes"],
+    }
+    bars = [
+        {"ratio": "wall: snapver --all / snapver one node", "bar": f"<= {WALL_BAR:g}"},
+        {"ratio": "wire bytes: snapver --all / snapver one node", "bar": f"<= {BYTES_BAR:g}"},
+        {"ratio": "fetched bytes: snapver --all / snapver one node", "bar": f"<= {BYTES_BAR:g}"},
+    ]
+    for bar in bars:
+        bar["value"] = round(ratios[bar["ratio"]], 3)
+        bar["met"] = bar["value"] <= float(bar["bar"].split()[1])
+    per_node = figures["snapver pull --all"][-1]["per_node"]
+    return {"files": result["files"], "runs": result["runs"], "rows": rows,
+            "ratios": {k: round(v, 3) for k, v in ratios.items()}, "bars": bars,
+            "last_fleet_pull_per_node": per_node,
+            "load_before": result["load_before"], "load_after": result["load_after"], "nproc": os.cpu_count()}
+
+
+def print_report(summary: dict[str, Any]) -> None:
+    print(f"16-node fleet, sglang/srt ({summary['files']} files) on each; {summary['runs']} interleaved runs, medians")
+    print(f"before: {summary['load_before']}\nafter:  {summary['load_after']}  ({summary['nproc']} cores)\n")
+    header = f"  {'case':<22} {'runs':>4} {'median s':>9} {'min s':>7} {'max s':>7} {'wire MB':>9} " \
+             f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8}"
+    print(header)
+    for row in summary["rows"]:
+        fetched = f"{row['fetched_bytes'] / 1e6:.2f}" if row["fetched_bytes"] is not None else "-"
+        sending = row["nodes_sending_files"] if row["nodes_sending_files"] is not None else "-"
+        print(f"  {row['case']:<22} {row['runs']:>4} {row['median_s']:>9.3f} {row['min_s']:>7.3f} "
+              f"{row['max_s']:>7.3f} {row['wire_bytes'] / 1e6:>9.2f} {fetched:>10} {sending:>19} "
+              f"{row['peak_kib'] / 1024:>8.0f}")
+    print("\nratios (medians):")
+    for name, value in summary["ratios"].items():
+        print(f"  {name:<48} {value:>7.2f}x")
+    print("\nissue 5 bars:")
+    for bar in summary["bars"]:
+        print(f"  {bar['ratio']:<48} {bar['value']:>7.2f}x  bar {bar['bar']:<6} {'met' if bar['met'] else 'NOT MET'}")
+    print("\nlast `snapver pull --all`, per node (files fetched, bytes fetched, wire bytes, seconds):")
+    for node in summary["last_fleet_pull_per_node"]:
+        print(f"  {node['node']}  {node['fetched_files']:>5}  {node['fetched_bytes']:>10}  {node['wire_bytes']:>10}"
+              f"  {node['seconds']:>6.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="timed rounds (default 3)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    started = time.time()
+    with bench_env(keep=args.keep, addresses=FLEET) as env:
+        config = env.sshd.dir / "sshd_config.0"
+        listens = sum(1 for line in config.read_text().splitlines() if line.startswith("ListenAddress "))
+        print(f"one sshd, {config.name}: {listens} ListenAddress lines", file=sys.stderr)
+        summary = summarise(bench(env, args.runs))
+    summary["seconds"] = round(time.time() - started, 1)
+    if args.json:
+        print(json.dumps({"command": " ".join(["python3", "bench/fleet.py", *sys.argv[1:]]), **summary}, indent=2))
+    else:
+        print_report(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
