@@ -221,6 +221,8 @@ def walk(site, tracked_paths, patterns):
                 raise AgentError("%s: permission denied" % os.path.join(site, reldir), "path")
             with iterator as entries:
                 for entry in entries:
+                    if entry.name.lower() == ".git":
+                        continue  # a git tree cannot hold it (git fsck: hasDotgit): never tracked
                     rel = reldir + "/" + entry.name
                     st = entry.stat(follow_symlinks=False)
                     is_dir = stat.S_ISDIR(st.st_mode)

@@ -119,20 +119,26 @@ def history(store: Path, node: str) -> list[str]:
     return git(store, "rev-list", NODE_REF + node).decode().split()
 
 
+def live_tree(site: Path, **hash_args) -> dict[str, tuple[str, int, str]]:
+    """tree_hashes without `.git` folders and files, which a git tree cannot hold."""
+    return {path: value for path, value in tree_hashes(site, **hash_args).items()
+            if ".git" not in path.lower().split("/")}
+
+
 def assert_store_holds_live(store: Path, node: str, site: Path, **hash_args) -> None:
     """The node's newest snapshot is the live tree: git tree, and manifest with full modes and blake3."""
-    live = tree_hashes(site, **hash_args)
+    live = live_tree(site, **hash_args)
     assert store_tree(store, NODE_REF + node) == git_view(live)
     assert read_manifest(store, NODE_REF + node) == live_manifest(site, list(live))
 
 
 def total_size(site: Path) -> int:
-    return sum(size for _, _, size, _, _ in live_manifest(site, list(tree_hashes(site))).values())
+    return sum(size for _, _, size, _, _ in live_manifest(site, list(live_tree(site))).values())
 
 
 def distinct_content(site: Path) -> tuple[int, int]:
     """(number, total size) of distinct blobs in the live tree (what a first pull must fetch)."""
-    rows = live_manifest(site, list(tree_hashes(site)))
+    rows = live_manifest(site, list(live_tree(site)))
     sizes = {oid: size for _, _, size, _, oid in rows.values()}
     return len(sizes), sum(sizes.values())
 
@@ -270,7 +276,7 @@ def edge_case_tree(make_site_packages, tmp_path: Path) -> Path:
     files = {f"{SRT}/__init__.py": "", f"{SRT}/mod.py": "x = 1\n", f"{SRT}/sub/deep/empty.txt": "",
              f"{SRT}/__pycache__/mod.cpython-311.pyc": b"\0pyc", f"{SRT}/stray.pyc": b"pyc",
              f"{SRT}/sub/__pycache__/x.pyc": b"pyc", f"{SRT}/lib.so": b"\x7fELF", f"{SRT}/tests/t.py": "t",
-             f"{SRT}/big.bin": os.urandom(1 << 20)}
+             f"{SRT}/big.bin": os.urandom(1 << 20), f"{SRT}/.git/config": "[core]\n", f"{SRT}/sub/.git": "gitdir: x"}
     site = make_site_packages("edge", files=files)
     srt = os.path.join(os.fsencode(site), os.fsencode(SRT))
     for index, name in enumerate(ODD_NAMES):
@@ -307,7 +313,7 @@ def test_edge_cases_are_recorded_exactly(make_node, make_site_packages, write_co
     assert not any(p.startswith(f"{SRT}/outside/") for p in tree)
     assert tree[f"{SRT}/run.sh"][0] == "100755" and tree[f"{SRT}/private.py"][0] == "100644"
     assert tree[f"{SRT}/sub/deep/empty.txt"][1] == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
-    assert not any("__pycache__" in p or p.endswith(".pyc") or "empty_dir" in p for p in tree)
+    assert not any("__pycache__" in p or p.endswith(".pyc") or "empty_dir" in p or ".git" in p for p in tree)
     manifest = read_manifest(store, NODE_REF + "ct200")
     assert manifest[f"{SRT}/setuid"][1] == stat.S_IFREG | 0o4755
     assert manifest[f"{SRT}/private.py"][1] == stat.S_IFREG | 0o600
@@ -320,7 +326,7 @@ def test_configured_excludes(local_node, make_site_packages, write_config, run_s
     pull_json(run_snapver, "ct200")
     tree = git_ls_tree(store, NODE_REF + "ct200")
     assert f"{SRT}/lib.so" not in tree and f"{SRT}/tests/t.py" not in tree and f"{SRT}/mod.py" in tree
-    live = {p: v for p, v in tree_hashes(site).items() if p not in (f"{SRT}/lib.so", f"{SRT}/tests/t.py")}
+    live = {p: v for p, v in live_tree(site).items() if p not in (f"{SRT}/lib.so", f"{SRT}/tests/t.py")}
     assert store_tree(store, NODE_REF + "ct200") == git_view(live)
     # With no excludes at all, bytecode is tracked too.
     write_config({"ct200": local_node(site, exclude=[])})
@@ -451,8 +457,9 @@ def test_metadata_survives_git_clone(local_node, make_site_packages, write_confi
     original = node_heads(store)["ct200"]
     assert git(cloned, "rev-parse", "origin/nodes/ct200").decode().strip() == original
     assert git(cloned, "rev-parse", "before-fix^{commit}").decode().strip() == original
-    assert read_manifest(cloned, "origin/nodes/ct200") == live_manifest(site, list(tree_hashes(site)))
-    assert store_tree(cloned, "origin/nodes/ct200") == git_view(tree_hashes(site))
+    assert read_manifest(cloned, "origin/nodes/ct200") == live_manifest(site, list(live_tree(site)))
+    assert store_tree(cloned, "origin/nodes/ct200") == git_view(live_tree(site))
+    assert run_snapver("fsck").code == 0  # nothing in the tree git itself would flag (e.g. a .git folder)
     info = meta(cloned, "origin/nodes/ct200")
     assert info["node"] == "ct200" and info["site_packages"] == str(site)
     assert info["message"] == "baseline: ü \"quoted\""

@@ -211,6 +211,15 @@ def test_list_excludes(connect, make_site_packages) -> None:
                                  "top.txt"}
 
 
+def test_list_never_tracks_git_metadata(connect, make_site_packages) -> None:
+    """A `.git` inside the tree (a hand-made repo on the node) cannot live in a git tree: never listed."""
+    site = make_site_packages("n", files={f"{SRT}/a.py": "a", f"{SRT}/.git/config": "[core]\n",
+                                          f"{SRT}/.GIT/HEAD": "ref", f"{SRT}/sub/.git": "gitdir: ../x\n",
+                                          f"{SRT}/sub/.gitignore": "*.pyc\n", f"{SRT}/.github/x.yml": "y"})
+    assert set(listed(connect(site))) == {f"{SRT}/{name}".encode() for name in ("a.py", "sub/.gitignore",
+                                                                               ".github/x.yml")}
+
+
 def test_list_several_tracked_paths(connect, make_site_packages) -> None:
     site = make_site_packages("n", files={f"{SRT}/a.py": "a", "sglang/lang/b.py": "b", "sglang/other/c.py": "c"})
     got = listed(connect(site, paths=[SRT, "sglang/lang"]))
