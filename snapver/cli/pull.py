@@ -20,9 +20,9 @@ def pull(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Snapshot live nodes; only changed content crosses the wire."""
-    from snapver.errors import UsageError
+    from snapver.errors import RefError, UsageError
     from snapver.ops.pull import NodePull, pull as pull_nodes
-    from snapver.store.refs import valid_ref_name
+    from snapver.store.refs import tag_ref, valid_ref_name
 
     config = STATE.config()
     specs = config.select(targets or [], all_nodes)
@@ -33,6 +33,11 @@ def pull(
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")
     store = STATE.store(config, create=True)
+    if tag is not None and (existing := store.ref(tag_ref(tag))):
+        # As `snapver tag`: a tag never moves silently.
+        raise RefError(f"tag {tag!r} already names {existing[:10]}",
+                       hint=f"pick another name, or move it with `snapver tag --force {tag} {specs[0].name}` after "
+                       "pulling")
     out = console()
     err = console(stderr=True)
     show_bar = not json_out and err.is_terminal

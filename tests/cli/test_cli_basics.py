@@ -204,6 +204,11 @@ def test_pull_tag_and_message(fleet, run_snapver) -> None:
     head = git(store, "rev-parse", "refs/heads/nodes/ct200").strip()
     assert git(store, "rev-parse", "may22^{commit}").strip() == head
     assert "before the dflash fix" in git(store, "log", "-1", "--format=%B", head)
+    # Like `snapver tag`, pull never moves an existing tag; nothing is pulled then.
+    (fleet["ct200"] / SRT / "a.py").write_text("a = 3\n")
+    fails(run_snapver("pull", "ct200", "--tag", "may22"), 2, "may22", head[:10], "--force")
+    assert git(store, "rev-parse", "may22^{commit}").strip() == head
+    assert git(store, "rev-parse", "refs/heads/nodes/ct200").strip() == head
 
 
 def test_pull_json_is_one_document(fleet, run_snapver) -> None:

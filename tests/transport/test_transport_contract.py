@@ -195,6 +195,14 @@ def test_list_keeps_modes_and_empty_files(connect, make_site_packages) -> None:
     assert got == live_entries(site)
 
 
+def test_list_skips_fifos_and_sockets_without_blocking(connect, make_site_packages) -> None:
+    site = make_site_packages("n", files={f"{SRT}/a.py": "a"})
+    os.mkfifo(site / SRT / "pipe")  # opening it to read would block forever
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(site / SRT / "sock"))
+        assert set(listed(connect(site))) == {f"{SRT}/a.py".encode()}
+
+
 def test_list_excludes(connect, make_site_packages) -> None:
     files = [
         "keep.py", "pyc.py", "x.pyc.txt", "__pycache__.py", "drop.pyc", "__pycache__/m.cpython-311.pyc",
@@ -218,6 +226,19 @@ def test_list_never_tracks_git_metadata(connect, make_site_packages) -> None:
                                           f"{SRT}/sub/.gitignore": "*.pyc\n", f"{SRT}/.github/x.yml": "y"})
     assert set(listed(connect(site))) == {f"{SRT}/{name}".encode() for name in ("a.py", "sub/.gitignore",
                                                                                ".github/x.yml")}
+
+
+def test_odd_site_packages_and_python_paths(connect, tmp_path: Path) -> None:
+    folder = tmp_path / "we \"ird' $HOME `x` \n ü"
+    site = folder / "site-packages"
+    (site / SRT).mkdir(parents=True)
+    (site / SRT / "a.py").write_text("a")
+    python = folder / "bin dir" / "py thon"
+    python.parent.mkdir()
+    python.symlink_to(SYSTEM_PYTHON)
+    transport = connect(site, python=str(python))
+    assert transport.info is not None and transport.info.site_packages == str(site)
+    assert set(listed(transport)) == {f"{SRT}/a.py".encode()}
 
 
 def test_list_several_tracked_paths(connect, make_site_packages) -> None:
