@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,6 +80,22 @@ def live_entries(site: Path) -> dict[bytes, tuple[str, int, int, str]]:
 def listed(transport: Transport, **kwargs) -> dict[bytes, tuple[str, int, int, str]]:
     listing = transport.list_tree(**kwargs)
     return {raw(e.path): (e.kind, e.mode, e.size, e.oid) for e in listing.entries}
+
+
+# --------------------------------------------------------------------------- the agent itself
+
+
+def test_agent_is_stdlib_only_python_3_8() -> None:
+    """What a node needs is its own Python: the agent must parse as 3.8 and import only the stdlib."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[2] / "snapver" / "transport" / "agent.py").read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
 # --------------------------------------------------------------------------- the two transports
@@ -433,3 +450,22 @@ def test_dead_agent_is_a_transport_error(connect, tmp_path: Path) -> None:
     with pytest.raises(TransportError) as caught:
         connect(tmp_path, python=str(broken))
     assert "out of luck" in caught.value.message
+
+
+OLDEST_PYTHON = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
+
+
+def test_agent_runs_on_python_3_8(connect, make_site_packages) -> None:
+    """The oldest Python the agent promises to support, as a node's interpreter."""
+    if not os.access(OLDEST_PYTHON, os.X_OK):
+        pytest.skip(f"no Python 3.8 at {OLDEST_PYTHON}")
+    site = make_site_packages("n")
+    for index, name in enumerate(ODD_NAMES):
+        write_raw(site, raw(SRT) + b"/" + name, b"%d" % index)
+    os.symlink("x", site / SRT / "link")
+    transport = connect(site, python=str(OLDEST_PYTHON))
+    assert transport.info is not None and transport.info.python_version.startswith("3.8.")
+    assert listed(transport) == live_entries(site)
+    path = os.fsdecode(raw(SRT) + b"/" + ODD_NAMES[6])
+    assert list(transport.read_files([path], compress_level=1)) == [(path, "f", b"6")]
+    assert transport.hash_files([path]) == {path: hashlib.sha256(b"6").hexdigest()}
