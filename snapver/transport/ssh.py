@@ -92,25 +92,7 @@ class SshTransport(Transport):
         connection = Connection(host=spec.host, user=spec.user, port=spec.port, config=Config(),
                                 connect_timeout=max(1, int(round(spec.connect_timeout))),
                                 connect_kwargs=connect_kwargs)
-        client = connection.client
-        default_known_hosts = Path.home() / ".ssh" / "known_hosts"
-        known_files = [default_known_hosts]
-        configured = connection.ssh_config.get("userknownhostsfile")
-        if configured:
-            known_files += [Path(os.path.expanduser(p)) for p in configured.split()]
-        if spec.known_hosts:
-            known_files.append(Path(spec.known_hosts))
-        for known in known_files:
-            if known.is_file():
-                try:
-                    client.load_system_host_keys(str(known))
-                except (OSError, paramiko.SSHException) as exc:
-                    raise HostKeyError(f"{spec.name}: cannot read known_hosts {known}: {exc}") from exc
-        if spec.host_key_policy == "accept-new":
-            target = Path(spec.known_hosts) if spec.known_hosts else default_known_hosts
-            client.set_missing_host_key_policy(_AcceptNewPolicy(target))
-        else:
-            client.set_missing_host_key_policy(_StrictPolicy())
+        self._check_host_keys(connection)
         try:
             connection.open()
         except HostKeyError as exc:
@@ -134,6 +116,35 @@ class SshTransport(Transport):
                                      f"{spec.connect_timeout:g} s") from exc
             raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
         return connection
+
+    def _check_host_keys(self, connection: Connection) -> None:
+        """Check this hop's host key as OpenSSH would, and every ProxyJump hop's before it.
+
+        Fabric builds the jump hosts of ``ProxyJump`` as Connections of their own, which
+        would trust any key: each gets the same known_hosts files and policy.
+        """
+        spec = self.spec
+        client = connection.client
+        default_known_hosts = Path.home() / ".ssh" / "known_hosts"
+        known_files = [default_known_hosts]
+        configured = connection.ssh_config.get("userknownhostsfile")
+        if configured:
+            known_files += [Path(os.path.expanduser(p)) for p in configured.split()]
+        if spec.known_hosts:
+            known_files.append(Path(spec.known_hosts))
+        for known in known_files:
+            if known.is_file():
+                try:
+                    client.load_system_host_keys(str(known))
+                except (OSError, paramiko.SSHException) as exc:
+                    raise HostKeyError(f"{spec.name}: cannot read known_hosts {known}: {exc}") from exc
+        if spec.host_key_policy == "accept-new":
+            target = Path(spec.known_hosts) if spec.known_hosts else default_known_hosts
+            client.set_missing_host_key_policy(_AcceptNewPolicy(target))
+        else:
+            client.set_missing_host_key_policy(_StrictPolicy())
+        if isinstance(connection.gateway, Connection):
+            self._check_host_keys(connection.gateway)
 
     def _start(self, command: str) -> RawChannel:
         self._connection = self._connect()

@@ -155,6 +155,33 @@ def test_ssh_config_alias_is_honoured(sshd, site, write_config, run_snapver) -> 
     assert "ct129" in snapshots(Path.cwd() / "snapshots")
 
 
+def test_proxyjump_hops_have_their_host_keys_checked_too(sshd, site, write_config, run_snapver, tmp_path) -> None:
+    """A bastion reached through ProxyJump is checked like the node: unknown refused, known accepted."""
+    lines = sshd.known_hosts.read_text().splitlines(keepends=True)
+    bastion_known = tmp_path / "bastion_known_hosts"
+    node_known = tmp_path / "node_known_hosts"
+    node_known.write_text("".join(line for line in lines if line.startswith(f"[{sshd.addresses['ct129']}]")))
+    ssh_dir = Path.home() / ".ssh"
+    ssh_dir.mkdir(mode=0o700)
+    (ssh_dir / "config").write_text(
+        f"Host bastion\n    HostName {sshd.addresses['ct200']}\n    Port {sshd.port}\n    User root\n"
+        f"    IdentityFile {sshd.identity_file}\n    UserKnownHostsFile {bastion_known}\n"
+        f"Host inner\n    HostName {sshd.addresses['ct129']}\n    Port {sshd.port}\n    User root\n"
+        f"    IdentityFile {sshd.identity_file}\n    ProxyJump bastion\n")
+    write_config({"ct129": {"host": "inner", "site_packages": str(site), "known_hosts": str(node_known),
+                            "connect_timeout": 5}})
+    bastion_known.write_text("")
+    result = run_snapver("pull", "ct129")
+    assert_clean_error(result, 3)
+    assert "not known" in result.err and sshd.addresses["ct200"] in result.err
+    assert bastion_known.read_text() == ""
+    bastion_known.write_text(f"[{sshd.addresses['ct200']}]:{sshd.port} {other_public_key(tmp_path)}\n")
+    assert_clean_error(result := run_snapver("pull", "ct129"), 3)
+    assert "CHANGED" in result.err and sshd.addresses["ct200"] in result.err
+    bastion_known.write_text("".join(line for line in lines if line.startswith(f"[{sshd.addresses['ct200']}]")))
+    assert run_snapver("pull", "ct129").code == 0
+
+
 def test_identity_file_with_tilde(sshd, site, ssh_node, write_config, run_snapver) -> None:
     ssh_dir = Path.home() / ".ssh"
     ssh_dir.mkdir(mode=0o700)
