@@ -114,6 +114,16 @@ def test_accept_new_without_known_hosts_uses_the_users_file(sshd, site, ssh_node
     assert openssh_accepts(sshd, sshd.addresses["ct200"], users_file)
 
 
+def test_hashed_known_hosts_are_read(sshd, site, ssh_node, write_config, run_snapver, tmp_path) -> None:
+    """Debian's default HashKnownHosts=yes writes `|1|salt|hash` names instead of addresses."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts.read_text())
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known_hosts)], check=True, capture_output=True)
+    assert known_hosts.read_text().startswith("|1|") and sshd.addresses["ct200"] not in known_hosts.read_text()
+    write_config({"ct200": ssh_node("ct200", site, known_hosts=str(known_hosts))})
+    assert run_snapver("pull", "ct200").code == 0
+
+
 @pytest.mark.parametrize("policy", ["strict", "accept-new"])
 def test_changed_host_key_is_always_refused(sshd, site, ssh_node, write_config, run_snapver, tmp_path,
                                             policy: str) -> None:
