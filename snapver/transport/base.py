@@ -85,13 +85,16 @@ class Transport(ABC):
         except OSError as exc:
             raise self._dead(exc) from exc
         reply = self.call("hello", paths=list(self.spec.paths))
-        self.info = NodeInfo(
-            hostname=reply["hostname"],
-            python_version=reply["python_version"],
-            python=reply["python"],
-            site_packages=reply["site_packages"],
-            dists=tuple(DistInfo(*dist) for dist in reply["dists"]),
-        )
+        try:
+            self.info = NodeInfo(
+                hostname=_text(reply["hostname"]),
+                python_version=_text(reply["python_version"]),
+                python=_text(reply["python"]),
+                site_packages=_text(reply["site_packages"]),
+                dists=tuple(DistInfo(*map(_text, dist)) for dist in reply["dists"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
         return self.info
 
     def close(self) -> None:
@@ -120,7 +123,12 @@ class Transport(ABC):
         return self._reply()
 
     def _reply(self) -> dict[str, Any]:
-        reply = json.loads(self._recv_frame())
+        try:
+            reply = json.loads(self._recv_frame())
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise TransportError(f"{self.spec.name}: the agent sent a reply that is not a JSON object")
         if "error" in reply:
             error = RemotePathError if reply.get("kind") == "path" else TransportError
             raise error(f"{self.spec.name}: {reply['error']}")
@@ -187,12 +195,17 @@ class Transport(ABC):
                       for path, entry in (cache or {}).items() if entry.kind == FILE}
         reply = self.call("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
                           cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids)
-        entries = []
-        for path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target in reply["entries"]:
-            if not is_safe_relpath(path) or kind not in (FILE, LINK):
-                raise TransportError(f"{self.spec.name}: refused unsafe path in listing: {path!r}")
-            entries.append(StatEntry(path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target))
-        return Listing(reply["now_ns"], entries, reply["hashed"])
+        try:
+            entries = [StatEntry(*_checked_row(row)) for row in reply["entries"]]
+            listing = Listing(int(reply["now_ns"]), entries, int(reply["hashed"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TransportError(f"{self.spec.name}: malformed listing from the agent: {exc}") from None
+        unsafe = unsafe_listing_path(entries, self.spec.paths)
+        if unsafe is not None:
+            raise TransportError(f"{self.spec.name}: refused unsafe path in listing: {unsafe!r}",
+                                 hint="a listing names only files and links inside the tracked paths, "
+                                 "once each, never below a link or a file")
+        return listing
 
     def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
         """Stream ``(path, kind or None if it vanished, content)`` for ``paths``, in order."""
@@ -253,6 +266,46 @@ class Transport(ABC):
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""
         return self.call("hash", paths=paths, algo=algo)["hashes"]
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _checked_row(row: Any) -> tuple[Any, ...]:
+    """A listing row with the types StatEntry holds (a node's reply is not trusted)."""
+    if not isinstance(row, list) or len(row) != 9:
+        raise ValueError(f"a listing row has 9 fields: {row!r}")
+    path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target = row
+    numbers = (mode, size, mtime_ns, ctime_ns, ino)
+    if not all(type(n) is int for n in numbers) or size < 0 or not isinstance(path, str):
+        raise TypeError(f"bad field types in {row!r}")
+    if not (oid is None or (isinstance(oid, str) and len(oid) == 40 and all(c in "0123456789abcdef" for c in oid))):
+        raise ValueError(f"bad blob id in {row!r}")
+    if not (target is None or isinstance(target, str)):
+        raise TypeError(f"bad link target in {row!r}")
+    path.encode("utf-8", "surrogateescape")  # a lone surrogate outside the escape range raises
+    return path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target
+
+
+def unsafe_listing_path(entries: list[StatEntry], tracked: tuple[str, ...]) -> str | None:
+    """The first path a node may not list, or None: each path must be safe, inside a
+    tracked path, listed once, a file or a link, and not below another listed path (a
+    file below a listed link would be written through that link in a checkout)."""
+    roots = tuple(root.strip("/") + "/" for root in tracked)
+    seen: set[str] = set()
+    for entry in entries:
+        if (not is_safe_relpath(entry.path) or entry.kind not in (FILE, LINK) or entry.path in seen
+                or not entry.path.startswith(roots)):
+            return entry.path
+        seen.add(entry.path)
+    for entry in entries:
+        parts = entry.path.split("/")
+        if any("/".join(parts[:depth]) in seen for depth in range(1, len(parts))):
+            return entry.path
+    return None
 
 
 def open_transport(spec: NodeSpec) -> Transport:
