@@ -28,6 +28,7 @@ from snapver.errors import ConflictError, PatchError, RefError, StoreError, Usag
 from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
+from snapver.store.pack import current_umask
 from snapver.store.repo import Store, blob_oid, format_message
 from snapver.unidiff import FileDiff, apply_hunks, parse_diff
 
@@ -454,9 +455,17 @@ def _read_marker(folder: Path) -> dict[str, Any]:
 
 def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict[str, Any],
                     overrides: dict[str, bytes] | None = None) -> int:
-    """Write a tree into a fresh folder (modes exact, links as links) plus its marker."""
+    """Write a tree into a fresh folder (links as links) plus its marker.
+
+    File modes are the recorded ones less the user's umask and any setuid/setgid/sticky
+    bit (a checkout is the user's working copy); ``scan_checkout`` reads them back.
+    Nothing is ever written through a symlink, whatever the manifest says.
+    """
     overrides = overrides or {}
     folder.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(os.fsencode(folder))
+    umask = current_umask()
+    marker = {**marker, "umask": umask}
     by_oid: dict[str, list[Entry]] = {}
     for entry in manifest:
         if entry.path not in overrides:
@@ -465,12 +474,16 @@ def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict
     def put(entry: Entry, data: bytes) -> None:
         target = os.path.join(os.fsencode(folder), os.fsencode(entry.path))
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not is_safe_relpath(entry.path) or not os.path.realpath(os.path.dirname(target)).startswith(root + b"/"):
+            raise StoreError(f"{entry.path!r} would be written outside {folder} (through a symlink); refused",
+                             hint="run `snapver fsck`")
         if entry.kind == LINK:
             os.symlink(data, target)
         else:
-            with open(target, "wb") as handle:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-            os.chmod(target, stat.S_IMODE(entry.mode))
+            os.chmod(target, stat.S_IMODE(entry.mode) & 0o777 & ~umask)
 
     for oid, data in store.read_blobs(by_oid):
         for entry in by_oid[oid]:
@@ -508,10 +521,19 @@ def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
     return Checkout(load_patch(store, name), folder, files)
 
 
+def recorded_mode(st_mode: int, known: Entry | None, umask: int) -> int:
+    """The mode to record for a checkout file: the bits the checkout's umask (and
+    ``_write_checkout``) took away are the known entry's, the rest are the file's."""
+    if known is None or known.kind != FILE or not umask:
+        return st_mode
+    hidden = umask | 0o7000
+    return stat.S_IFMT(st_mode) | (stat.S_IMODE(st_mode) & ~hidden) | (stat.S_IMODE(known.mode) & hidden)
+
+
 def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
-                  exclude: Iterable[str] = DEFAULT_EXCLUDE) -> tuple[Manifest, dict[str, bytes]]:
+                  exclude: Iterable[str] = DEFAULT_EXCLUDE, umask: int = 0) -> tuple[Manifest, dict[str, bytes]]:
     """The tree in a checkout folder (links as links, excluded names skipped); content is
-    returned only for blobs ``known`` does not hold."""
+    returned only for blobs ``known`` does not hold. ``umask``: the one it was made with."""
     patterns = list(exclude)
     entries: dict[str, Entry] = {}
     new_content: dict[str, bytes] = {}
@@ -545,10 +567,11 @@ def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
                         continue
                     oid = blob_oid(data)
                     old = known_by_path.get(path)
+                    mode = recorded_mode(st.st_mode, old, umask)
                     if old is not None and old.oid == oid and old.kind == kind:
-                        entries[path] = Entry(path, kind, st.st_mode, old.size, old.digest, oid)
+                        entries[path] = Entry(path, kind, mode, old.size, old.digest, oid)
                     else:
-                        entries[path] = entry_for(path, kind, st.st_mode, data)
+                        entries[path] = entry_for(path, kind, mode, data)
                         new_content[path] = data
     return Manifest(entries), new_content
 
@@ -590,7 +613,7 @@ def save_patch(store: Store, config: Config, name: str, message: str = "") -> Sa
     base_meta = store.commit(base_id).meta
     known = store.manifest(parent)
     scanned, new_content = scan_checkout(folder, marker.get("paths") or previous.paths, known,
-                                         _excludes(config, previous))
+                                         _excludes(config, previous), marker.get("umask", 0))
     changed = changed_files(known, scanned)
     rebasing = parent != tip
     if not changed and not rebasing and not message:
@@ -732,7 +755,8 @@ def _entry_key(entry: Entry | None) -> tuple[str, str, int] | None:
 def _require_clean_checkout(store: Store, config: Config, patch: Patch, folder: Path) -> None:
     marker = _read_marker(folder)
     known = store.manifest(marker["parent"])
-    scanned, _ = scan_checkout(folder, marker.get("paths") or patch.paths, known, _excludes(config, patch))
+    scanned, _ = scan_checkout(folder, marker.get("paths") or patch.paths, known, _excludes(config, patch),
+                               marker.get("umask", 0))
     if marker.get("head") != patch.commit or changed_files(known, scanned):
         raise UsageError(f"{folder} holds unsaved edits of patch {patch.name!r}",
                          hint=f"save them (`snapver patch save {patch.name}`) or remove the folder, then rebase")

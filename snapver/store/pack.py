@@ -37,16 +37,21 @@ def remove_dead_writers_packs(pack_dir: Path) -> None:
             continue
 
 
-def _read_only_mode() -> int:
-    """0o444 less the umask, as git makes its packs (the umask read without changing it)."""
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` would, for every thread)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith("Umask:"):
-                    return 0o444 & ~int(line.split()[1], 8)
+                    return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
-    return 0o444
+    return 0o022
+
+
+def _read_only_mode() -> int:
+    """0o444 less the umask, as git makes its packs."""
+    return 0o444 & ~current_umask()
 
 
 def _object_header(kind: int, size: int) -> bytes:
