@@ -16,6 +16,7 @@ from typing import Any
 
 import paramiko
 from fabric import Config, Connection
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from snapver.errors import HostKeyError, TransportError
 from snapver.transport.base import RawChannel, Transport
@@ -51,8 +52,56 @@ def fingerprint(key: paramiko.PKey) -> str:
     return key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()
 
 
+def load_known_hosts(client: paramiko.SSHClient, files: list[Path]) -> set[tuple[str, str]]:
+    """Load known_hosts files as OpenSSH reads them; returns the ``@revoked`` keys.
+
+    paramiko's own loader stops with an exception at the first line it cannot read, and
+    every marker line (``@cert-authority``, ``@revoked``) is one. Here bad lines are
+    skipped, host-certificate authorities are ignored (no certificates are used), and a
+    revoked key is never loaded as known: it reaches the missing-key policy, which refuses it.
+    """
+    revoked: set[tuple[str, str]] = set()
+    entries = []
+    for known in files:
+        try:
+            text = known.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise HostKeyError(f"cannot read known_hosts {known}: {exc.strerror or exc}") from exc
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("@"):
+                fields = line.split()
+                if fields[0] == "@revoked" and len(fields) >= 4:
+                    revoked.add((fields[2], fields[3]))
+                continue
+            try:
+                entry = HostKeyEntry.from_line(line, number)
+            except (paramiko.SSHException, InvalidHostKey, ValueError, TypeError):
+                continue
+            if entry is not None and entry.key is not None:
+                entries.append(entry)
+    keys = client.get_host_keys()
+    for entry in entries:
+        if (entry.key.get_name(), entry.key.get_base64()) not in revoked:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
+def _refuse_revoked(revoked: set[tuple[str, str]], hostname: str, key: paramiko.PKey) -> None:
+    if (key.get_name(), key.get_base64()) in revoked:
+        raise HostKeyError(f"host key for {hostname} is REVOKED in known_hosts ({key.get_name()} {fingerprint(key)})",
+                           hint="this key must not be trusted; ask whoever runs the node")
+
+
 class _StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, revoked: set[tuple[str, str]]) -> None:
+        self.revoked = revoked
+
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        _refuse_revoked(self.revoked, hostname, key)
         raise HostKeyError(
             f"host key for {hostname} is not known ({key.get_name()} {fingerprint(key)})",
             hint="add it to known_hosts (ssh-keyscan), or set host_key_policy = \"accept-new\"",
@@ -62,10 +111,12 @@ class _StrictPolicy(paramiko.MissingHostKeyPolicy):
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's ``StrictHostKeyChecking=accept-new``: record unknown keys, never replace."""
 
-    def __init__(self, known_hosts: Path) -> None:
+    def __init__(self, known_hosts: Path, revoked: set[tuple[str, str]]) -> None:
         self.known_hosts = known_hosts
+        self.revoked = revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        _refuse_revoked(self.revoked, hostname, key)
         self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with open(self.known_hosts, "a", encoding="ascii") as handle:
@@ -132,17 +183,15 @@ class SshTransport(Transport):
             known_files += [Path(os.path.expanduser(p)) for p in configured.split()]
         if spec.known_hosts:
             known_files.append(Path(spec.known_hosts))
-        for known in known_files:
-            if known.is_file():
-                try:
-                    client.load_system_host_keys(str(known))
-                except (OSError, paramiko.SSHException) as exc:
-                    raise HostKeyError(f"{spec.name}: cannot read known_hosts {known}: {exc}") from exc
+        try:
+            revoked = load_known_hosts(client, [known for known in known_files if known.is_file()])
+        except HostKeyError as exc:
+            raise HostKeyError(f"{spec.name}: {exc.message}") from exc
         if spec.host_key_policy == "accept-new":
             target = Path(spec.known_hosts) if spec.known_hosts else default_known_hosts
-            client.set_missing_host_key_policy(_AcceptNewPolicy(target))
+            client.set_missing_host_key_policy(_AcceptNewPolicy(target, revoked))
         else:
-            client.set_missing_host_key_policy(_StrictPolicy())
+            client.set_missing_host_key_policy(_StrictPolicy(revoked))
         if isinstance(connection.gateway, Connection):
             self._check_host_keys(connection.gateway)
 
