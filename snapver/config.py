@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import sysconfig
@@ -214,14 +215,16 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
     if port is not None and not 0 < port < 65536:
         raise fail(prefix + "port", f"expected 1-65535, got {port}")
     persist = merged.get("control_persist", 0)
-    if persist < 0:
-        raise fail(prefix + "control_persist", "expected 0 (off) or a positive number of seconds")
+    if not 0 <= persist < math.inf:  # also refuses nan
+        raise fail(prefix + "control_persist", f"expected 0 (off) or a positive number of seconds, got {persist}")
     timeout = merged.get("connect_timeout", 10)
-    if timeout <= 0:
-        raise fail(prefix + "connect_timeout", "expected a positive number")
+    if not 0 < timeout < math.inf:
+        raise fail(prefix + "connect_timeout", f"expected a positive number of seconds, got {timeout}")
     paths = tuple(merged.get("paths", DEFAULT_PATHS))
     for tracked in paths:
-        if not tracked or tracked.startswith("/") or ".." in tracked.split("/") or tracked.split("/")[0] == ".snapver":
+        parts = tracked.strip("/").split("/")
+        if (not tracked or tracked.startswith("/") or any(part in ("", ".", "..") for part in parts)
+                or parts[0] == ".snapver" or "\0" in tracked):
             raise fail(prefix + "paths", f"{tracked!r} must be a relative path inside site-packages")
     expand = lambda value: os.path.expanduser(value) if value else value  # noqa: E731
     return NodeSpec(
