@@ -311,6 +311,19 @@ def test_fsck_passes_a_sound_store_and_catches_a_lying_manifest(fleet, run_snapv
     assert "Traceback" not in result.err
     assert f"{SRT}/a.py" in result.err and forged[:10] in result.err
 
+    # Put the true snapshot back, then damage the stored bytes themselves.
+    git(store, "update-ref", "refs/heads/nodes/ct200", head)
+    ok(run_snapver("fsck"))
+    largest = max((f for f in (store / "objects").rglob("*") if f.is_file() and "info" not in f.parts),
+                  key=lambda f: f.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    largest.chmod(0o644)
+    largest.write_bytes(bytes(data))
+    result = run_snapver("fsck")
+    assert result.code == 4 and "Traceback" not in result.err, str(result)
+    assert "problem" in result.err
+
 
 def test_commands_need_a_store(fleet, run_snapver) -> None:
     for args in (["log"], ["show", "ct200"], ["fsck"]):
