@@ -18,9 +18,10 @@ import blake3
 import pytest
 from helpers import git_blob, git_ls_tree, tree_hashes
 
-from snapver.config import load_config
+from snapver.config import Config, load_config
 from snapver.errors import PatchError, RefError, UsageError
-from snapver.ops.patch import delete_patch, export_patch, import_patch, new_patch
+from snapver.ops.patch import capture_patch, delete_patch, export_patch, import_patch, load_patch, new_patch
+from snapver.ops.pull import pull
 from snapver.store.repo import Store
 
 RUNNER = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"
@@ -83,6 +84,14 @@ def git_diff_of_edits(template: Path, scratch: Path) -> tuple[bytes, dict[str, t
     for rel in (RUNNER, UTILS, ADDED):
         expected[rel] = (stat.S_IMODE(os.stat(repo / rel).st_mode), (repo / rel).read_bytes())
     return diff, expected
+
+
+def snapshot(config_path: Path, node: str, tag: str | None = None) -> tuple[Config, Store]:
+    """Pull ``node`` in this process (set-up, not what these tests are about)."""
+    config = load_config(str(config_path))
+    store = Store.open_or_create(config.store_path)
+    assert pull(store, config.select([node]), tag=tag).exit_code == 0
+    return config, store
 
 
 @pytest.fixture
@@ -356,10 +365,9 @@ def test_capture_turns_live_drift_into_a_patch(make_site_packages, write_config,
                                                isolated_env):
     site = make_site_packages("ct200", files={"sglang/srt/a.py": "a = 1\n", "sglang/srt/b.py": "b = 1\n",
                                               "sglang/srt/c.py": "c = 1\n"})
-    write_config({"ct200": ssh_node("ct200", site)})
-    assert run_snapver("pull", "ct200", "--tag", "clean").code == 0
-    nothing = run_snapver("patch", "capture", "none", "ct200", "--base", "clean")
-    assert nothing.code == 0 and "nothing to capture" in nothing.out
+    config_path = write_config({"ct200": ssh_node("ct200", site)})
+    config, snapver_store = snapshot(config_path, "ct200", "clean")
+    assert capture_patch(snapver_store, config, "none", "ct200", "clean") is None
     # Hand-made hot-fixes on the node.
     (site / "sglang/srt/a.py").write_text("a = 2  # hot-fix\n")
     (site / "sglang/srt/b.py").unlink()
@@ -372,14 +380,15 @@ def test_capture_turns_live_drift_into_a_patch(make_site_packages, write_config,
     assert got["sglang/srt/a.py"][1] == b"a = 2  # hot-fix\n"
     assert got["sglang/srt/extra.py"][1] == b"extra = 1\n"
     assert "sglang/srt/b.py" not in got
-    shown = json.loads(run_snapver("patch", "show", "hotfix", "--json").out)
-    assert {f["path"]: f["status"] for f in shown["files"]} == {
+    assert "hotfix" in result.out and "captured from ct200" in result.out
+    shown = load_patch(snapver_store, "hotfix")
+    assert {f.path: f.status for f in shown.files} == {
         "sglang/srt/a.py": "M", "sglang/srt/b.py": "D", "sglang/srt/c.py": "T", "sglang/srt/extra.py": "A"}
-    assert shown["nodes"] == ["ct200"]
+    assert shown.nodes == ("ct200",)
+    assert stat.S_IMODE(shown.files[2].patch.mode) == 0o700  # type: ignore[union-attr]
     # The node already holds it: pushing it there has nothing to do.
     pushed = run_snapver("push", "hotfix", "--yes")
     assert pushed.code == 0 and "nothing to do" in pushed.out, pushed
-    assert run_snapver("patch", "list").out.count("hotfix") == 1
     assert "refs/heads/pushes" not in sh("git", "--git-dir", str(store), "for-each-ref").decode()
 
 
@@ -388,22 +397,20 @@ def test_rebase_carries_a_patch_to_a_new_base(make_site_packages, write_config, 
     numbers = "".join(f"line {n}\n" for n in range(1, 31))
     site = make_site_packages("node", files={"sglang/srt/a.py": numbers, "sglang/srt/b.py": "b\n",
                                              "sglang/srt/c.py": "c\n"})
-    write_config({"node": local_node(site)})
-    assert run_snapver("pull", "node", "--tag", "v1").code == 0
+    config_path = write_config({"node": local_node(site)})
+    config, snapver_store = snapshot(config_path, "node", "v1")
     v1 = {rel: (site / rel).read_bytes() for rel in ("sglang/srt/a.py", "sglang/srt/b.py", "sglang/srt/c.py")}
     # Patches made on v1.
-    Path("fix.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -2,3 +2,3 @@\n line 2\n"
-                                 b"-line 3\n+line 3 patched\n line 4\n--- a/sglang/srt/c.py\n+++ b/sglang/srt/c.py\n"
-                                 b"@@ -1 +1 @@\n-c\n+c fixed\n")
-    assert run_snapver("patch", "import", "fix", "fix.diff", "--base", "v1").code == 0
-    Path("clash.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -25,3 +25,3 @@\n line 25\n"
-                                   b"-line 26\n+line 26 mine\n line 27\n")
-    assert run_snapver("patch", "import", "clash", "clash.diff", "--base", "v1").code == 0
+    import_patch(snapver_store, config, "fix", b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -2,3 +2,3 @@\n"
+                 b" line 2\n-line 3\n+line 3 patched\n line 4\n--- a/sglang/srt/c.py\n+++ b/sglang/srt/c.py\n"
+                 b"@@ -1 +1 @@\n-c\n+c fixed\n", "fix.diff", "v1")
+    import_patch(snapver_store, config, "clash", b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n"
+                 b"@@ -25,3 +25,3 @@\n line 25\n-line 26\n+line 26 mine\n line 27\n", "clash.diff", "v1")
     # The next release: a.py changed far from line 3 (and at line 26), c.py got the same fix.
     (site / "sglang/srt/a.py").write_text(numbers.replace("line 26\n", "line 26 upstream\n"))
     (site / "sglang/srt/c.py").write_text("c fixed\n")
     (site / "sglang/srt/b.py").write_text("b v2\n")
-    assert run_snapver("pull", "node", "--tag", "v2").code == 0
+    snapshot(config_path, "node", "v2")
 
     result = run_snapver("patch", "rebase", "fix", "--onto", "v2")
     assert result.code == 0, result
@@ -415,8 +422,7 @@ def test_rebase_carries_a_patch_to_a_new_base(make_site_packages, write_config, 
     assert got["sglang/srt/a.py"][1] == numbers.replace("line 3\n", "line 3 patched\n").replace(
         "line 26\n", "line 26 upstream\n").encode()
     assert got["sglang/srt/b.py"][1] == b"b v2\n"
-    shown = json.loads(run_snapver("patch", "show", "fix", "--json").out)
-    assert [f["path"] for f in shown["files"]] == ["sglang/srt/a.py"]  # c.py is in v2 already
+    assert [f.path for f in load_patch(snapver_store, "fix").files] == ["sglang/srt/a.py"]  # c.py is in v2
 
     # A conflict: reported per file, exit 1, the patch untouched, the merge checked out.
     before = sh("git", "--git-dir", str(store), "rev-parse", PATCH_REF + "clash")
@@ -434,7 +440,7 @@ def test_rebase_carries_a_patch_to_a_new_base(make_site_packages, write_config, 
     assert store_files(store, PATCH_REF + "clash")["sglang/srt/a.py"][1] == numbers.replace(
         "line 26\n", "line 26 upstream and mine\n").encode()
     # The rebased patch exports against v2: patch -p1 on the v2 files gives the same content.
-    exported = run_snapver("patch", "export", "fix").out.encode()
+    exported = export_patch(snapver_store, "fix")
     target = isolated_env / "apply"
     copy_files(site, target, ["sglang/srt/a.py"])
     sh("patch", "-p1", "--batch", "--quiet", cwd=target, input=exported)

@@ -12,6 +12,7 @@ files to a node, so that a test can SIGKILL it half-way (see ``snapver/ops/plan.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from helpers import git_blob, git_ls_tree, tree_hashes
 
 from snapver.config import load_config
 from snapver.errors import ConflictError, TransportError, UsageError
+from snapver.ops.patch import export_patch
 from snapver.ops.push import apply_push, plan_push, push_state
 from snapver.store.repo import Store
 from snapver.transport.base import open_transport
@@ -62,13 +64,18 @@ def records(store: Path, node: str) -> list[dict]:
 def prepare(config_path: Path, pull: tuple[str, ...], patch: tuple[str, Path, str, tuple[str, ...]] | None = None
             ) -> Store:
     """Set-up steps run in this process (the CLI is what the tests exercise after): pull
-    ``pull`` and import ``patch`` = (name, diff file, base, target nodes)."""
+    ``pull`` and import ``patch`` = (name, diff file, base, target nodes).
+
+    The first snapshot is taken through the local transport (the same folder, the same
+    files; what is under test here is writing, over ssh, not a first pull).
+    """
     from snapver.ops.patch import import_patch
     from snapver.ops.pull import pull as pull_nodes
 
     config = load_config(str(config_path))
     store = Store.open_or_create(config.store_path)
-    assert pull_nodes(store, config.select(list(pull))).exit_code == 0
+    local = [dataclasses.replace(spec, local=True, host=None) for spec in config.select(list(pull))]
+    assert pull_nodes(store, local).exit_code == 0
     if patch is not None:
         name, diff, base, targets = patch
         import_patch(store, config, name, diff.read_bytes(), str(diff), base, targets)
@@ -215,7 +222,7 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
 
     # The exported patch applies with patch -p1 and gives the same files.
     exported = tmp_path / "export.diff"
-    assert run_snapver("patch", "export", "cuda-fix", "-o", str(exported)).code == 0
+    exported.write_bytes(export_patch(snapver_store, "cuda-fix"))
     assert expected_tree(original, template, exported, tmp_path, strip=1) == expected
 
     # Pushing again: nothing to do (every file already patched), nothing recorded.
@@ -287,7 +294,7 @@ def fleet(make_site_packages, write_config, ssh_node, run_snapver, isolated_env)
 
 
 def test_failure_mid_fleet_rolls_back(fleet, run_snapver):
-    sites, store, _ = fleet
+    sites, store, config = fleet
     original = {name: tree_hashes(site) for name, site in sites.items()}
     failing = "case $SNAPVER_SITE_PACKAGES in */fleet01/*) echo 'ImportError: broken' >&2; exit 1;; esac"
     result = run_snapver("push", "fix", "--yes", "--health", failing)
@@ -297,8 +304,11 @@ def test_failure_mid_fleet_rolls_back(fleet, run_snapver):
         assert tree_hashes(site) == original[name], name
         assert records(store, name)[0]["state"] == "rolled-back"
     # --keep-going: the failed node is rolled back, the others keep the patch.
-    result = run_snapver("push", "fix", "--yes", "--keep-going", "--health", failing)
-    assert result.code == 3, result
+    snapver_store = Store(store)
+    with plan_push(snapver_store, load_config(str(config)), "fix") as plan:
+        result = apply_push(snapver_store, plan, health=failing, keep_going=True)
+    assert result.exit_code == 3
+    assert [run.state for run in result.nodes] == ["done", "rolled-back", "done"]
     assert tree_hashes(sites["fleet01"]) == original["fleet01"]
     for name in ("fleet00", "fleet02"):
         assert (sites[name] / "sglang/srt/a.py").read_text() == "a = 2\n"

@@ -92,8 +92,8 @@ def test_rollback_to_a_snapshot_is_exact(make_site_packages, write_config, ssh_n
     rows = records(store, "ct200")
     assert [(r["action"], r["state"], r["target"]) for r in rows] == [("rollback", "done", tag),
                                                                       ("rollback", "started", tag)]
-    again = run_snapver("rollback", "ct200", "--to", "s1", "--yes")
-    assert again.code == 0 and "nothing to do" in again.out
+    with plan_rollback(Store(store), load_config(str(config_path)), "ct200", "s1") as again:
+        assert again.nothing_to_do and apply_rollback(Store(store), again) is None
     assert len(records(store, "ct200")) == 2
 
 
