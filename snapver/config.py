@@ -226,6 +226,11 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
         if (not tracked or tracked.startswith("/") or any(part in ("", ".", "..") for part in parts)
                 or parts[0] == ".snapver" or "\0" in tracked):
             raise fail(prefix + "paths", f"{tracked!r} must be a relative path inside site-packages")
+    stripped = [tracked.strip("/") for tracked in paths]
+    for index, outer in enumerate(stripped):
+        for inner in stripped[:index] + stripped[index + 1:]:
+            if (inner + "/").startswith(outer + "/"):
+                raise fail(prefix + "paths", f"{inner!r} is already tracked as part of {outer!r}")
     expand = lambda value: os.path.expanduser(value) if value else value  # noqa: E731
     return NodeSpec(
         name=name,
