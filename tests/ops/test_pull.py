@@ -234,18 +234,22 @@ def test_real_tree_group_over_ssh_fetches_shared_content_once(sglang_site_templa
     assert node_heads(store) == heads
 
 
-def test_pull_killed_half_way_leaves_no_snapshot(sglang_site_template, ssh_node, write_config, run_snapver,
-                                                 store) -> None:
-    site = sglang_site_template
-    write_config({"ct200": ssh_node("ct200", site)})
+def test_pull_killed_half_way_leaves_the_store_as_it_was(sglang_site_template, make_site_packages, ssh_node,
+                                                         write_config, run_snapver, store) -> None:
+    small = make_site_packages("small", files={f"{SRT}/a.py": "a"})
+    write_config({"ct200": ssh_node("ct200", small)})
+    before = by_node(pull_json(run_snapver, "ct200")[0])["ct200"]["snapshot"]
+    # The node is now the real tree: ~84 MB to bring, time enough to kill the pull in the middle.
+    write_config({"ct200": ssh_node("ct200", sglang_site_template)})
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     process = subprocess.Popen([sys.executable, "-m", "snapver", "pull", "ct200"], stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     objects = store / "objects"
+    start_size = sum(f.stat().st_size for f in objects.rglob("*") if f.is_file())
     written = 0
     deadline = time.monotonic() + 60
     while process.poll() is None and time.monotonic() < deadline:
-        written = sum(f.stat().st_size for f in objects.rglob("*") if f.is_file()) if objects.exists() else 0
+        written = sum(f.stat().st_size for f in objects.rglob("*") if f.is_file()) - start_size
         if written > 8 << 20:  # mid-transfer: some of the ~84 MB is in
             break
         time.sleep(0.005)
@@ -254,15 +258,16 @@ def test_pull_killed_half_way_leaves_no_snapshot(sglang_site_template, ssh_node,
     process.wait()
     assert written > 8 << 20
 
-    assert node_heads(store) == {}
+    assert node_heads(store) == {"ct200": before}
     log = run_snapver("log")
-    assert log.code == 0 and "no snapshots" in log.out, str(log)
+    assert log.code == 0 and len(log.out.splitlines()) == 1 and before[:10] in log.out, str(log)
     fsck = run_snapver("fsck")
     assert fsck.code == 0, str(fsck)
-    # The lock died with the process; a new pull completes and is exact.
+    # The lock died with the process; a new pull completes on top of the old snapshot.
     document, _ = pull_json(run_snapver, "ct200")
-    assert by_node(document)["ct200"]["snapshot"]
-    assert by_node(document)["ct200"]["files"] == SGLANG_FILES
+    after = by_node(document)["ct200"]
+    assert after["snapshot"] and after["files"] == SGLANG_FILES
+    assert history(store, "ct200") == [after["snapshot"], before]
 
 
 # --------------------------------------------------------------------------- exactness on synthetic trees
