@@ -331,6 +331,8 @@ def _parse_binary(lines: list[bytes], i: int, diff: FileDiff, source: str) -> in
                          hint="make the diff with `git diff --binary --full-index` against an empty file, "
                          "or add the file whole")
     size = int(lines[i].split()[1])
+    if not 0 <= size < 1 << 40:
+        raise PatchError(f"{source}, line {i + 1}: {name}: impossible binary size {size}")
     i += 1
     encoded = bytearray()
     while i < len(lines) and lines[i].strip():
@@ -341,8 +343,10 @@ def _parse_binary(lines: list[bytes], i: int, diff: FileDiff, source: str) -> in
         except ValueError as exc:
             raise PatchError(f"{source}, line {i + 1}: {name}: corrupt binary patch: {exc}") from exc
         i += 1
+    inflater = zlib.decompressobj()
     try:
-        diff.binary = zlib.decompress(bytes(encoded))
+        # Never inflate past the size the patch states: a small literal can expand a thousandfold.
+        diff.binary = inflater.decompress(bytes(encoded), size + 1)
     except zlib.error as exc:
         raise PatchError(f"{source}: {name}: corrupt binary patch: {exc}") from exc
     if len(diff.binary) != size:
