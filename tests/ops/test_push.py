@@ -267,6 +267,8 @@ def test_killed_push_is_shown_and_repaired(sglang_site_template, write_config, s
 
     state = push_state(store, "ct200")
     assert state is not None and state.interrupted and state.patch == "cuda-fix"
+    status = run_snapver("status", "ct200")
+    assert "ct200: INTERRUPTED push cuda-fix" in status.out and "snapver rollback ct200" in status.out, status
     with plan_push(store, load_config(str(config_path)), "cuda-fix") as plan:
         assert "interrupted push" in plan.nodes[0].notes[0] and "snapver rollback ct200" in plan.nodes[0].notes[0]
     assert tree_hashes(site) == half
