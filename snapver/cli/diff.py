@@ -25,6 +25,9 @@ class RefsThenPathsCommand(TyperCommand):
             args = args[:split]
         return super().parse_args(ctx, args)
 
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[OPTIONS]", "A [B] [-- PATH...]"]
+
 
 @app.command(cls=RefsThenPathsCommand)
 def diff(
