@@ -247,6 +247,17 @@ def test_import_formats(small, tmp_path):
         sh(*tool, cwd=target, input=diff)
         for rel in files:
             assert (target / rel).read_bytes() == (repo / rel).read_bytes(), (tool, rel)
+
+    # A rename (git diff -M): a pure one, and one with an edit.
+    pure = _import(small, "moved", b"diff --git a/sglang/srt/gone.py b/sglang/srt/moved.py\nsimilarity index 100%\n"
+                   b"rename from sglang/srt/gone.py\nrename to sglang/srt/moved.py\n")
+    assert {f.path: f.status for f in pure.files} == {"sglang/srt/gone.py": "D", "sglang/srt/moved.py": "A"}
+    assert store_files(store_path, PATCH_REF + "moved")["sglang/srt/moved.py"][1] == b"bye\n"
+    _import(small, "edited", b"diff --git a/sglang/srt/gone.py b/sglang/srt/kept.py\nsimilarity index 50%\n"
+            b"rename from sglang/srt/gone.py\nrename to sglang/srt/kept.py\n--- a/sglang/srt/gone.py\n"
+            b"+++ b/sglang/srt/kept.py\n@@ -1 +1 @@\n-bye\n+hello\n")
+    edited = store_files(store_path, PATCH_REF + "edited")
+    assert edited["sglang/srt/kept.py"][1] == b"hello\n" and "sglang/srt/gone.py" not in edited
         assert os.stat(target / "sglang/srt/a.py").st_mode & 0o111
 
 
