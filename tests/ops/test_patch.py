@@ -247,6 +247,7 @@ def test_import_formats(small, tmp_path):
         sh(*tool, cwd=target, input=diff)
         for rel in files:
             assert (target / rel).read_bytes() == (repo / rel).read_bytes(), (tool, rel)
+        assert os.stat(target / "sglang/srt/a.py").st_mode & 0o111
 
     # A rename (git diff -M): a pure one, and one with an edit.
     pure = _import(small, "moved", b"diff --git a/sglang/srt/gone.py b/sglang/srt/moved.py\nsimilarity index 100%\n"
@@ -258,7 +259,6 @@ def test_import_formats(small, tmp_path):
             b"+++ b/sglang/srt/kept.py\n@@ -1 +1 @@\n-bye\n+hello\n")
     edited = store_files(store_path, PATCH_REF + "edited")
     assert edited["sglang/srt/kept.py"][1] == b"hello\n" and "sglang/srt/gone.py" not in edited
-        assert os.stat(target / "sglang/srt/a.py").st_mode & 0o111
 
 
 def test_import_refuses_bad_diffs(small, tmp_path):
