@@ -11,6 +11,7 @@ Issue 2's bars: both median ratios against rsync -a at most 3x.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ def _reset(path: Path) -> None:
 
 
 def bench(env: BenchEnv, runs: int) -> dict[str, float]:
+    # A pull of 84 MB starts a detached `git repack` afterwards (off the pull's path). Left on,
+    # it would load the machine during the next timed runs and write into stores already deleted.
+    os.environ["SNAPVER_AUTO_GC"] = "0"
     site_packages = env.build_node(NODE)
     tree = site_packages / "sglang" / "srt"
     project = env.work / "project"

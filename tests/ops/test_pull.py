@@ -176,6 +176,12 @@ def store() -> Path:
     return Path.cwd() / "snapshots"
 
 
+@pytest.fixture(autouse=True)
+def no_background_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real-tree pull starts a detached `git repack` that would outlive the test (and its tmp_path)."""
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "0")
+
+
 # --------------------------------------------------------------------------- the real tree
 
 
