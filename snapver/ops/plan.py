@@ -339,11 +339,13 @@ class NodeRun:
                 "seconds": round(self.seconds, 3)}
 
 
-def _snapshot(store: Store, specs: list[NodeSpec]) -> dict[str, str | SnapverError]:
+def _snapshot(store: Store, plans: list[NodePlan]) -> dict[str, str | SnapverError]:
+    """Snapshot the plans' nodes, over the connections they already have open."""
     from snapver.ops.pull import pull_locked
 
     found: dict[str, str | SnapverError] = {}
-    for result in pull_locked(store, specs).nodes:
+    opened = {p.node: p.transport for p in plans if p.transport is not None}
+    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened).nodes:
         head = result.snapshot or result.unchanged_since
         found[result.node] = result.error or head or StoreError(f"{result.node}: no snapshot was recorded")
     return found
@@ -373,7 +375,7 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
     if not busy:
         return []
     with store.lock():
-        before = _snapshot(store, [p.spec for p in busy])
+        before = _snapshot(store, busy)
         failed = {node: v for node, v in before.items() if isinstance(v, SnapverError)}
         if failed:
             node, error = sorted(failed.items())[0]
@@ -429,7 +431,7 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
             if stop.is_set() and not keep_going:
                 list(pool.map(lambda p: _undo(p, runs[p.node]) if runs[p.node].state == "done" else None, busy))
         touched = [p for p in busy if runs[p.node].state != "not-started" or runs[p.node].error]
-        after = _snapshot(store, [p.spec for p in touched]) if touched else {}
+        after = _snapshot(store, touched) if touched else {}
         rows = []
         for plan in busy:
             run = runs[plan.node]

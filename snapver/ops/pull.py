@@ -118,9 +118,15 @@ def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: s
 
 def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
                 on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
-                on_node_done: Callable[[NodePull], None] | None = None) -> PullResult:
-    """`pull` for a caller that already holds the store lock (push records before/after)."""
-    results = [NodePull(spec.name) for spec in specs]
+                on_node_done: Callable[[NodePull], None] | None = None,
+                open_transports: dict[str, Transport] | None = None) -> PullResult:
+    """`pull` for a caller that already holds the store lock (push records before/after).
+
+    ``open_transports`` are connections the caller already has (by node name): they are
+    used instead of new ones and left open.
+    """
+    borrowed = {name: t for name, t in (open_transports or {}).items() if t is not None and t.is_open}
+    results = [NodePull(spec.name, transport=borrowed.get(spec.name)) for spec in specs]
     by_name = {r.node: r for r in results}
     workers = max(1, min(32, len(specs)))
     # Hashing on the node only serves to skip content the store has; a first pull of a
@@ -157,7 +163,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
             marks = {}
         finally:
             for result in results:
-                if result.transport is not None:
+                if result.transport is not None and result.node not in borrowed:
                     result.transport.close()
         for node, mark in marks.items():
             result = by_name[node]
@@ -181,8 +187,11 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.parent = store.ref(refs.node_ref(spec.name))
         result.parent_manifest = store.manifest(result.parent) if result.parent else None
         cache, cache_time = load_stat_cache(store, spec.name, result.parent)
-        result.transport = open_transport(spec)
-        info = result.transport.open()
+        if result.transport is None:
+            result.transport = open_transport(spec)
+            result.transport.open()
+        info = result.transport.info
+        assert info is not None
         result.rtt = result.transport.ping()
         result.dist = info.dist_summary()
         result.listing = result.transport.list_tree(cache, cache_time, want_oids=hash_on_node)

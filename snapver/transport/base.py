@@ -97,6 +97,11 @@ class Transport(ABC):
             raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
         return self.info
 
+    @property
+    def is_open(self) -> bool:
+        """True while the agent is running and in step with us."""
+        return self._channel is not None and self.info is not None
+
     def close(self) -> None:
         if self._channel is not None:
             channel, self._channel = self._channel, None
