@@ -71,6 +71,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
+    # No detached background repack outliving the test that started it (tests of
+    # compaction call it directly).
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "0")
     monkeypatch.chdir(work)
     return work
 

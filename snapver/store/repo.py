@@ -79,10 +79,13 @@ class Store:
     # -- creating and locking ------------------------------------------------------
     @classmethod
     def create(cls, path: Path) -> "Store":
-        """Create an empty store (idempotent)."""
+        """Create an empty store (idempotent); never inside a folder that holds other things."""
         if not (path / "HEAD").exists():
             import git
 
+            if path.is_dir() and any(path.iterdir()):
+                raise StoreError(f"cannot create the store at {path}: the folder is not empty",
+                                 hint="point [store] path at a new or empty folder")
             try:
                 path.mkdir(parents=True, exist_ok=True)
                 repo = git.Repo.init(path, bare=True)

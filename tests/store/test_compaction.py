@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
+import time
 from pathlib import Path
 
 from helpers import git_blob
@@ -33,10 +33,17 @@ def test_compact_recompresses_and_keeps_unreferenced_objects(tmp_path: Path) -> 
     assert fsck.returncode == 0, fsck.stderr
 
 
-def test_maybe_compact_waits_for_enough_raw_bytes(tmp_path: Path, monkeypatch) -> None:
+def test_maybe_compact_waits_for_enough_raw_bytes_then_runs_in_the_background(tmp_path: Path, monkeypatch) -> None:
     store = Store.create(tmp_path / "store")
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "1")
     gc.record_raw_bytes(store.path, 1000)
     assert gc.maybe_compact(store.path) is False
-    monkeypatch.setenv("SNAPVER_AUTO_GC", "0")
     gc.record_raw_bytes(store.path, gc.RAW_BYTES_BEFORE_COMPACT)
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "0")
     assert gc.maybe_compact(store.path) is False
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "1")
+    assert gc.maybe_compact(store.path) is True
+    deadline = time.monotonic() + 30
+    while gc.record_raw_bytes(store.path, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gc.record_raw_bytes(store.path, 0) == 0, "the background compaction ran and reset the count"
