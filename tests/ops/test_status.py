@@ -41,14 +41,8 @@ def installed(files: dict[str, str]) -> dict[str, str]:
             "sglang-0.5.23.dist-info/RECORD": record_of(PRISTINE)}
 
 
-def ssh_table(sshd, name: str, site: Path, **extra) -> dict:
-    return {"host": sshd.addresses[name], "port": sshd.port, "user": "root", "site_packages": str(site),
-            "identity_file": str(sshd.identity_file), "known_hosts": str(sshd.known_hosts),
-            "connect_timeout": 5, **extra}
-
-
 @pytest.fixture(params=["local", "ssh"])
-def fleet(request, make_site_packages, sshd, tmp_path: Path) -> dict:
+def fleet(request, make_site_packages, ssh_node, tmp_path: Path) -> dict:
     """ct200 drifted in every way, ct129 identical to its snapshot, dead unreachable."""
     at_pull = {**PRISTINE, "sglang/srt/a.py": "a = 'hot-fixed before the pull'\n",
                "sglang/srt/x.py": "x = 'not in the wheel'\n"}
@@ -58,8 +52,8 @@ def fleet(request, make_site_packages, sshd, tmp_path: Path) -> dict:
         nodes = {"ct200": {"local": True, "site_packages": str(ct200)},
                  "ct129": {"local": True, "site_packages": str(ct129)}}
     else:
-        nodes = {"ct200": ssh_table(sshd, "ct200", ct200), "ct129": ssh_table(sshd, "ct129", ct129)}
-    nodes["dead"] = ssh_table(sshd, "fleet00", ct129, port=1, connect_timeout=2)
+        nodes = {"ct200": ssh_node("ct200", ct200), "ct129": ssh_node("ct129", ct129)}
+    nodes["dead"] = ssh_node("fleet00", ct129, port=1, connect_timeout=2)
     config = tmp_path / "snapver.toml"
     config.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": nodes,
                                   "groups": {"tp8": ["ct200", "ct129"]}}))
@@ -157,10 +151,10 @@ def test_status_without_a_store_or_snapshot(make_site_packages, tmp_path: Path) 
     assert gone.err.startswith("snapver: error: ct200: ") and "sglang/srt: no such file or directory" in gone.err
 
 
-def test_status_of_the_real_tree_over_ssh(sglang_site_template: Path, sshd, tmp_path: Path) -> None:
+def test_status_of_the_real_tree_over_ssh(sglang_site_template: Path, ssh_node, tmp_path: Path) -> None:
     config = tmp_path / "snapver.toml"
     config.write_text(toml_dumps({"store": {"path": "snapshots"},
-                                  "nodes": {"ct200": ssh_table(sshd, "ct200", sglang_site_template)}}))
+                                  "nodes": {"ct200": ssh_node("ct200", sglang_site_template)}}))
     assert run_inproc("--config", config, "pull", "ct200").code == 0
     document = json.loads(run_inproc("--config", config, "status", "--json").out)
     row = document["nodes"][0]

@@ -39,16 +39,17 @@ def record_modified(site: Path) -> list[str]:
     return sorted(found)
 
 
-def config_for(transport: str, site: Path, folder: Path, sshd) -> Path:
-    if transport == "local":
-        node = {"local": True, "site_packages": str(site)}
-    else:
-        node = {"host": sshd.addresses["ct200"], "port": sshd.port, "user": "root", "site_packages": str(site),
-                "identity_file": str(sshd.identity_file), "known_hosts": str(sshd.known_hosts),
-                "connect_timeout": 5}
-    path = folder / f"{transport}-{site.parent.name}.toml"
-    path.write_text(toml_dumps({"nodes": {"ct200": node}}))
-    return path
+@pytest.fixture
+def config_for(ssh_node, tmp_path: Path):
+    """Factory: ``config_for(transport, site)`` → a config naming node ct200 on that site-packages."""
+
+    def write(transport: str, site: Path) -> Path:
+        node = {"local": True, "site_packages": str(site)} if transport == "local" else ssh_node("ct200", site)
+        path = tmp_path / f"{transport}-{site.parent.name}.toml"
+        path.write_text(toml_dumps({"nodes": {"ct200": node}}))
+        return path
+
+    return write
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +74,18 @@ def patched(tmp_path_factory: pytest.TempPathFactory, sglang_site_template: Path
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_pristine_node_verifies_clean(transport: str, sglang_site_template: Path, sshd, tmp_path: Path) -> None:
+def test_pristine_node_verifies_clean(transport: str, sglang_site_template: Path, config_for) -> None:
     assert record_modified(sglang_site_template) == []
-    config = config_for(transport, sglang_site_template, tmp_path, sshd)
+    config = config_for(transport, sglang_site_template)
     result = run_inproc("--config", config, "verify", "ct200")
     assert result.code == 0, result
     assert result.out.strip() == "ct200: 2602 files checked against the RECORD of sglang 0.5.23: pristine"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_patched_node_reports_modified_missing_extra_and_unverifiable(transport: str, patched: dict, sshd,
-                                                                      tmp_path: Path) -> None:
-    config = config_for(transport, patched["site"], tmp_path, sshd)
+def test_patched_node_reports_modified_missing_extra_and_unverifiable(transport: str, patched: dict,
+                                                                      config_for) -> None:
+    config = config_for(transport, patched["site"])
     result = run_inproc("--config", config, "verify", "ct200")
     assert result.code == 1, result
     assert result.out.splitlines()[:3] == [f"M\t{EDITED}", f"D\t{patched['missing']}", f"A\t{EXTRA}"]
@@ -100,10 +101,10 @@ def test_patched_node_reports_modified_missing_extra_and_unverifiable(transport:
     assert node["dists"] == ["sglang 0.5.23"] and node["checked"] == 2601
 
 
-def test_a_node_without_a_distribution_cannot_be_verified(make_site_packages, tmp_path: Path, sshd) -> None:
+def test_a_node_without_a_distribution_cannot_be_verified(make_site_packages, config_for) -> None:
     site = make_site_packages("bare", files={"sglang/srt/a.py": "a = 1\n"})
     for transport in TRANSPORTS:
-        result = run_inproc("--config", config_for(transport, site, tmp_path, sshd), "verify", "ct200")
+        result = run_inproc("--config", config_for(transport, site), "verify", "ct200")
         assert result.code == 3, result
         assert result.err.startswith("snapver: error: ct200: no installed distribution")
         assert "Traceback" not in result.err
