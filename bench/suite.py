@@ -586,7 +586,7 @@ def bar_verdicts(rows: Sequence[Row]) -> list[dict[str, Any]]:
         value = median(a.times) / median(b.times)
         met = value <= limit if op == "<=" else value >= limit
         verdicts.append({"scenario": scenario, "network": network, "ratio": f"{top} / {bottom}",
-                         "value": round(value, 3), "bar": f"{op} {limit:g}", "met": met})
+                         "value": value, "bar": f"{op} {limit:g}", "met": met})
     return verdicts
 
 
@@ -646,7 +646,7 @@ def main() -> int:
             "slow_runs": args.slow_runs, "tree": tree_info, "nproc": os.cpu_count(),
             "proxy_delay_ms_each_way": PROXY_DELAY_MS, "load_before": load_before, "load_after": load_after,
             "seconds": round(time.time() - started, 1), "rows": [r.to_json(rows) for r in rows],
-            "bars": verdicts, "not_available": suite.unavailable}, indent=2))
+            "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts], "not_available": suite.unavailable}, indent=2))
         return 1 if suite.unavailable else 0
     print(f"snapver benchmark suite: sglang/srt, {tree_info['files']} files, {tree_info['bytes'] / 1e6:.1f} MB; "
           f"{args.runs} interleaved runs (+1 warm-up), medians; rtt20 = {2 * PROXY_DELAY_MS:g} ms RTT delay proxy")
