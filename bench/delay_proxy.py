@@ -9,7 +9,8 @@ A chunk read at time t is written at t + delay, in each direction, so a round tr
 costs 2 x delay (10 ms each way: 20 ms RTT). Chunks are pipelined, not serialised:
 the reader keeps reading while earlier chunks wait for their time, so the delay does
 not throttle bandwidth (up to --max-buffer bytes in flight per direction, after which
-the reader waits: memory stays bounded). End of stream is delayed like data.
+the reader waits: memory stays bounded; at most --max-connections at once). End of
+stream is delayed like data.
 
 Once every listener is bound it prints one line ``ready PORT [PORT...]`` (the ports in
 the order of the mappings) on stdout. It stops by itself after --max-seconds, when
@@ -93,8 +94,23 @@ class DelayedPipe:
             return
 
 
+ACTIVE = {"connections": 0}
+
+
 async def _handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
-                  target: tuple[str, int], delay: float, max_buffer: int) -> None:
+                  target: tuple[str, int], delay: float, max_buffer: int, max_connections: int) -> None:
+    if ACTIVE["connections"] >= max_connections:
+        client_writer.close()
+        return
+    ACTIVE["connections"] += 1
+    try:
+        await _forward(client_reader, client_writer, target, delay, max_buffer)
+    finally:
+        ACTIVE["connections"] -= 1
+
+
+async def _forward(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
+                   target: tuple[str, int], delay: float, max_buffer: int) -> None:
     try:
         server_reader, server_writer = await asyncio.open_connection(*target)
     except OSError:
@@ -129,7 +145,7 @@ async def _watch(parent: int | None, max_seconds: float, stop: asyncio.Event) ->
 
 
 async def serve(mappings: list[tuple[str, int, str, int]], delay: float, max_buffer: int,
-                max_seconds: float, parent: int | None) -> None:
+                max_connections: int, max_seconds: float, parent: int | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -138,7 +154,7 @@ async def serve(mappings: list[tuple[str, int, str, int]], delay: float, max_buf
     for listen_host, listen_port, target_host, target_port in mappings:
         def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter,
                     target: tuple[str, int] = (target_host, target_port)) -> asyncio.Future:
-            return _handle(r, w, target, delay, max_buffer)
+            return _handle(r, w, target, delay, max_buffer, max_connections)
 
         servers.append(await asyncio.start_server(handler, listen_host, listen_port, backlog=256))
     ports = [server.sockets[0].getsockname()[1] for server in servers]
@@ -154,10 +170,13 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=10.0, help="delay each way (default 10 ms)")
     parser.add_argument("--max-buffer", type=int, default=16 << 20,
                         help="bytes in flight per direction before reading pauses (default 16 MiB)")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="connections at once; more are closed at once (default 256)")
     parser.add_argument("--max-seconds", type=float, default=4 * 3600, help="stop after this long (default 4 h)")
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is no longer our parent")
     args = parser.parse_args()
-    asyncio.run(serve(args.mappings, args.delay_ms / 1000, args.max_buffer, args.max_seconds, args.parent))
+    asyncio.run(serve(args.mappings, args.delay_ms / 1000, args.max_buffer, args.max_connections,
+                      args.max_seconds, args.parent))
     return 0
 
 
