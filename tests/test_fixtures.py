@@ -49,7 +49,9 @@ def _ssh(
 def test_isolated_env(tmp_path: Path) -> None:
     assert os.environ["HOME"] == str(tmp_path / "home")
     assert Path.cwd() == tmp_path / "work"
-    assert not any(name.startswith("SNAPVER_") for name in os.environ)
+    # The one SNAPVER_ variable set on purpose: no background compaction outliving a test.
+    assert {name for name in os.environ if name.startswith("SNAPVER_")} == {"SNAPVER_AUTO_GC"}
+    assert os.environ["SNAPVER_AUTO_GC"] == "0"
     assert "SSH_AUTH_SOCK" not in os.environ
     assert {name for name in os.environ if name.startswith("GIT_")} == {"GIT_CONFIG_NOSYSTEM"}
     assert os.environ["NO_COLOR"] == "1"

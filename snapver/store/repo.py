@@ -79,25 +79,42 @@ class Store:
     # -- creating and locking ------------------------------------------------------
     @classmethod
     def create(cls, path: Path) -> "Store":
-        """Create an empty store (idempotent); never inside a folder that holds other things."""
-        if not (path / "HEAD").exists():
-            import git
+        """Create an empty store (idempotent); never inside a folder that holds other things.
 
-            if path.is_dir() and any(path.iterdir()):
-                raise StoreError(f"cannot create the store at {path}: the folder is not empty",
-                                 hint="point [store] path at a new or empty folder")
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                repo = git.Repo.init(path, bare=True)
-                with repo.config_writer() as writer:
-                    # Snapshots are mostly new blobs: cheap compression, gc in the background.
-                    writer.set_value("core", "compression", "1")
-                    writer.set_value("pack", "compression", "1")
-                    writer.set_value("gc", "auto", "0")
-                repo.git.symbolic_ref("HEAD", refs.NODES + "_")
-                repo.close()
-            except (OSError, git.GitCommandError) as exc:
-                raise StoreError(f"cannot create the store at {path}: {exc}") from exc
+        The repository is made in a temporary sibling and renamed into place, so two
+        commands creating the same store at once both end up using one complete store.
+        """
+        if (path / "HEAD").exists():
+            return cls(path)
+        if path.is_dir() and any(path.iterdir()):
+            raise StoreError(f"cannot create the store at {path}: the folder is not empty",
+                             hint="point [store] path at a new or empty folder")
+        import shutil
+
+        import git
+
+        tmp = path.parent / f".{path.name}.creating-{os.getpid()}-{threading.get_ident()}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            repo = git.Repo.init(tmp, bare=True)
+            with repo.config_writer() as writer:
+                # Snapshots are mostly new blobs: cheap compression, gc in the background.
+                writer.set_value("core", "compression", "1")
+                writer.set_value("pack", "compression", "1")
+                writer.set_value("gc", "auto", "0")
+            repo.git.symbolic_ref("HEAD", refs.NODES + "_")
+            repo.close()
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()  # an empty folder made for the store: take its place
+            os.rename(tmp, path)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if (path / "HEAD").exists():  # another command created it first
+                return cls(path)
+            raise StoreError(f"cannot create the store at {path}: {exc.strerror or exc}") from exc
+        except git.GitCommandError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"cannot create the store at {path}: {exc}") from exc
         return cls(path)
 
     @classmethod
