@@ -40,6 +40,8 @@ def diff(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
     unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    checksum: bool = typer.Option(False, "-c", "--checksum",
+                                  help="Hash every live file, even those whose stat is unchanged since the last pull."),
 ) -> int:
     """Compare two trees by content: exit 0 identical, 1 different."""
     from snapver.errors import UsageError
@@ -54,7 +56,7 @@ def diff(
     config = STATE.config()
     store = _store_if_any(config)
     result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                      contents=not (quiet or name_status or json_out), context=unified)
+                      contents=not (quiet or name_status or json_out), context=unified, checksum=checksum)
     if json_out:
         emit_json(result.to_json())
     elif quiet:

@@ -15,6 +15,8 @@ def status(
     targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
                                         help="Nodes or groups (default: every node)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    checksum: bool = typer.Option(False, "-c", "--checksum",
+                                  help="Hash every live file, even those whose stat is unchanged since the last pull."),
 ) -> int:
     """The fleet at a glance: reachable?, newest snapshot, live drift, patches; exit 1 on drift."""
     from snapver.ops.status import status as run_status
@@ -22,7 +24,7 @@ def status(
     config = STATE.config()
     specs = config.select(targets or [], all_nodes=not targets)
     store = STATE.store(config) if (config.store_path / "HEAD").exists() else None
-    result = run_status(store, specs)
+    result = run_status(store, specs, checksum)
     if json_out:
         emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
         return result.exit_code

@@ -22,6 +22,7 @@ from snapver.config import Config
 from snapver.errors import SnapverError, UsageError
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
                            compare_manifests, is_safe_relpath, quote_path)
+from snapver.ops.pull import list_live
 from snapver.refs import Resolver, TreeRef
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport, open_transport
@@ -115,7 +116,7 @@ class DiffResult:
 # -- the operation ---------------------------------------------------------------------------
 
 def diff(store: Store | None, config: Config, a: str, b: str | None = None, paths: Sequence[str] = (),
-         contents: bool = False, context: int = 3) -> DiffResult:
+         contents: bool = False, context: int = 3, checksum: bool = False) -> DiffResult:
     """Compare two trees; with one ref, a node's newest snapshot against its live tree.
 
     Args:
@@ -125,6 +126,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         paths: only these paths (files, folders or globs relative to site-packages).
         contents: also build unified-diff text and diffstat numbers (fetches changed files).
         context: lines of context in the unified diff.
+        checksum: hash every live file on the node, ignoring what the last pull saw.
     """
     filters = normalize_paths(paths)
     resolver = Resolver(store, config)
@@ -135,7 +137,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         ref_b = resolver.tree(b)
     sides: list[Side] = []
     try:
-        sides = _load_sides(store, config, [ref_a, ref_b])
+        sides = _load_sides(store, config, [ref_a, ref_b], checksum)
         side_a, side_b = sides
         changes = compare_manifests(side_a.manifest, side_b.manifest)
         if filters:
@@ -170,7 +172,7 @@ def _one_argument(store: Store | None, config: Config, resolver: Resolver,
     return ref, TreeRef(f"{node}@live", live_node=node)
 
 
-def _load_sides(store: Store | None, config: Config, trees: list[TreeRef]) -> list[Side]:
+def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], checksum: bool = False) -> list[Side]:
     """Both sides' manifests, loaded in parallel: a live node hashes its files while the
     store is read (or while the other node hashes its own)."""
     sides = [Side(tree, Manifest()) for tree in trees]
@@ -182,7 +184,7 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef]) -> li
                 side.node = side.ref.live_node
                 side.transport = open_transport(config.node(side.node))
                 side.transport.open()
-                side.manifest = live_manifest(side.transport.list_tree())
+                side.manifest = live_manifest(list_live(store, side.transport, checksum))
             else:
                 assert store is not None and side.ref.commit is not None
                 side.commit = store.commit(side.ref.commit)

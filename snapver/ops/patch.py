@@ -394,16 +394,15 @@ def import_patch(store: Store, config: Config, name: str, data: bytes, source: s
 def capture_patch(store: Store, config: Config, name: str, node: str, base_ref: str,
                   nodes: Iterable[str] = (), message: str = "") -> Patch | None:
     """Turn a node's live drift from the base into a patch; None when there is none."""
-    from snapver.ops.pull import load_stat_cache
+    from snapver.ops.pull import list_live
     from snapver.transport.base import open_transport
 
     check_new_name(store, config, name)
     spec = config.node(node.removesuffix("@live"))
     targets = check_targets(config, nodes) or (spec.name,)
     base = resolve_base(store, config, base_ref)
-    cache, cache_time = load_stat_cache(store, spec.name, store.ref(refs.node_ref(spec.name)))
     with open_transport(spec) as transport:
-        listing = transport.list_tree(cache, cache_time)
+        listing = list_live(store, transport)
         live = listing.by_path()
         changed = [e for e in listing.entries if not _same(base.manifest.get(e.path), e.kind, e.oid, e.mode)]
         changes: dict[str, tuple[Entry | None, bytes | None]] = {

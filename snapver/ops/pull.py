@@ -96,6 +96,21 @@ def load_stat_cache(store: Store, node: str, head: str | None) -> tuple[dict[str
     return entries, int(data["now_ns"])
 
 
+def list_live(store: Store | None, transport: Transport, checksum: bool = False) -> Listing:
+    """A node's live tree with every file's git blob id.
+
+    The node re-hashes only files whose stat (size, mtime, ctime, inode, mode) changed
+    since the last pull, as git trusts its index; a write always moves ctime, and files
+    touched within 2 s of that pull are re-hashed anyway (racy timestamps).
+    ``checksum`` hashes every file, like ``rsync -c``.
+    """
+    if store is None or checksum:
+        return transport.list_tree()
+    node = transport.spec.name
+    cache, cache_time = load_stat_cache(store, node, store.ref(refs.node_ref(node)))
+    return transport.list_tree(cache, cache_time)
+
+
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
     path = stat_cache_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)

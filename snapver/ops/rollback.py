@@ -58,7 +58,7 @@ def default_target(store: Store, node: str) -> tuple[str, str]:
 
 def plan_rollback(store: Store, config: Config, node: str, to: str | None = None) -> RollbackPlan:
     """List the node and plan what makes it exactly the target snapshot."""
-    from snapver.ops.pull import load_stat_cache
+    from snapver.ops.pull import list_live
 
     spec = config.node(node)
     if to is None:
@@ -72,8 +72,7 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
                         len(manifest) - len(wanted))
     try:
         plan.node.transport = open_node(spec)
-        cache, cache_time = load_stat_cache(store, spec.name, store.ref(refs.node_ref(spec.name)))
-        listing = plan.node.transport.list_tree(cache, cache_time)
+        listing = list_live(store, plan.node.transport)
     except SnapverError:
         plan.close()
         raise

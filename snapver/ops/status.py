@@ -19,6 +19,7 @@ from snapver.errors import RemotePathError, SnapverError, StoreError
 from snapver.model import Change, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
+from snapver.ops.pull import list_live
 from snapver.ops.verify import RecordEntry, hash_like_record, read_record
 from snapver.store import refs
 from snapver.store.repo import Store
@@ -113,17 +114,20 @@ class StatusResult:
         return max((n.exit_code for n in self.nodes), default=0)
 
 
-def status(store: Store | None, specs: list[NodeSpec]) -> StatusResult:
-    """The status of every node in ``specs``, connected to in parallel."""
+def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False) -> StatusResult:
+    """The status of every node in ``specs``, connected to in parallel.
+
+    ``checksum`` hashes every live file instead of trusting stats unchanged since the last pull.
+    """
     patches = known_patches(store) if store is not None else []
     tags = tags_by_commit(store) if store is not None else {}
     with ThreadPoolExecutor(max(1, min(32, len(specs)))) as pool:
-        rows = list(pool.map(lambda spec: node_status(store, spec, patches, tags), specs))
+        rows = list(pool.map(lambda spec: node_status(store, spec, patches, tags, checksum), specs))
     return StatusResult(rows)
 
 
 def node_status(store: Store | None, spec: NodeSpec, patches: list[KnownPatch],
-                tags: dict[str, list[str]]) -> NodeStatus:
+                tags: dict[str, list[str]], checksum: bool = False) -> NodeStatus:
     row = NodeStatus(spec.name, spec.address)
     try:
         snapshot_manifest = None
@@ -138,7 +142,7 @@ def node_status(store: Store | None, spec: NodeSpec, patches: list[KnownPatch],
             assert transport.info is not None
             row.reachable = True
             row.dist = transport.info.dist_summary()
-            live = live_manifest(transport.list_tree())
+            live = live_manifest(list_live(store, transport, checksum))
             row.files = len(live)
             row.patches = patch_states(patches, live)
             if snapshot_manifest is not None:

@@ -1,0 +1,72 @@
+"""Live listings trust a file's stat only as git trusts its index — and `--checksum` trusts nothing.
+
+diff, status, capture and rollback re-hash on the node only the files whose stat (size,
+mtime, ctime, inode, mode) moved since the last pull. These tests pin down when that is
+safe: an edit that keeps size and mtime still moves ctime, and `-c` hashes everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers import toml_dumps
+from snapver_inproc import run_inproc
+
+from snapver.config import load_config
+from snapver.ops.pull import list_live, stat_cache_path
+from snapver.store.repo import Store
+from snapver.transport.base import open_transport
+
+FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(20)}
+
+
+@pytest.fixture(params=["local", "ssh"])
+def pulled(request, sshd, make_site_packages, ssh_node, local_node, tmp_path: Path):
+    site = make_site_packages("ct200", files=FILES)
+    time.sleep(2.2)  # older than the racy window, so the pull's stats can be trusted
+    node = ssh_node("ct200", site) if request.param == "ssh" else local_node(site)
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")}, "nodes": {"ct200": node}}))
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    return config, site
+
+
+def _listing(config: Path):
+    loaded = load_config(str(config))
+    store = Store(loaded.store_path)
+    with open_transport(loaded.node("ct200")) as transport:
+        return store, list_live(store, transport), list_live(store, transport, checksum=True)
+
+
+def test_unchanged_files_are_not_rehashed_and_an_edit_keeping_size_and_mtime_is(pulled) -> None:
+    config, site = pulled
+    _, trusted, full = _listing(config)
+    assert trusted.hashed == 0 and full.hashed == len(FILES)
+    target = site / "sglang/srt/m7.py"
+    before = target.stat()
+    target.write_text("value = 8\n")  # same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 1
+    result = run_inproc("--config", config, "diff", "--name-status", "ct200")
+    assert (result.code, result.out) == (1, "M\tsglang/srt/m7.py\n"), result
+
+
+def test_checksum_hashes_everything_even_when_the_stats_say_unchanged(pulled) -> None:
+    config, site = pulled
+    store = Store(load_config(str(config)).store_path)
+    # Forge the recorded id of one file (as a stale cache would be): only -c sees the truth.
+    cache_file = stat_cache_path(store, "ct200")
+    cache = json.loads(cache_file.read_text())
+    cache["entries"]["sglang/srt/m3.py"][5] = "0" * 40
+    cache_file.write_text(json.dumps(cache))
+    trusting = run_inproc("--config", config, "diff", "-q", "ct200")
+    checking = run_inproc("--config", config, "diff", "-q", "-c", "ct200")
+    assert trusting.code == 1  # the forged id differs from the snapshot: the cache was used
+    assert checking.code == 0, checking  # the node hashed every file: identical
+    status = run_inproc("--config", config, "status", "--checksum", "ct200")
+    assert status.code == 0, status
