@@ -45,14 +45,19 @@ class Listing:
         return {entry.path: entry for entry in self.entries}
 
 
-def agent_command(python: str | None) -> str:
-    """The POSIX sh command that starts the agent, reading its source from stdin."""
+def agent_command(python: str | None, no_site: bool = False) -> str:
+    """The POSIX sh command that starts the agent, reading its source from stdin.
+
+    ``no_site`` (when site-packages is known, so the agent needs only the standard
+    library) runs Python with ``-S``: no ``site`` import, no ``.pth`` files to process.
+    """
     code = f'import sys;exec(compile(sys.stdin.buffer.read({len(AGENT_SOURCE)}),"snapver-agent","exec"))'
+    flags = "-S -c" if no_site else "-c"
     if python:
-        return f"exec {shlex.quote(python)} -c {shlex.quote(code)}"
+        return f"exec {shlex.quote(python)} {flags} {shlex.quote(code)}"
     return (
         'for p in python3 python; do command -v "$p" >/dev/null 2>&1 && '
-        f'exec "$p" -c {shlex.quote(code)}; done; '
+        f'exec "$p" {flags} {shlex.quote(code)}; done; '
         'echo "snapver: no python3 or python on the node" >&2; exit 127'
     )
 
@@ -78,7 +83,7 @@ class Transport(ABC):
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> NodeInfo:
         """Connect, start the agent and learn the node's facts (python, site-packages)."""
-        self._channel = self._start(agent_command(self.spec.python))
+        self._channel = self._start(agent_command(self.spec.python, no_site=bool(self.spec.site_packages)))
         try:
             self._channel.stdin.write(AGENT_SOURCE)
             self._channel.stdin.flush()

@@ -14,7 +14,7 @@ class LocalTransport(Transport):
 
     def _start(self, command: str) -> RawChannel:
         if self.spec.python is None:
-            command = agent_command(sys.executable)
+            command = agent_command(sys.executable, no_site=bool(self.spec.site_packages))
         try:
             process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
