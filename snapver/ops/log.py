@@ -84,7 +84,9 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
     path = path.strip("/")
     entry = manifest.get(path)
     if entry is None or path == MANIFEST_PATH:
-        near = [e.path for e in manifest if e.path.startswith(path.rsplit("/", 1)[0])][:5]
+        import difflib
+
+        near = difflib.get_close_matches(path, list(manifest.entries), n=3, cutoff=0.8)
         raise RefError(f"{path!r} is not in snapshot {commit_id[:10]}",
                        hint=("did you mean: " + ", ".join(near)) if near else "paths are relative to site-packages")
     return ShowResult(info, None, path, store.read_blob(entry.oid))
