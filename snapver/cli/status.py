@@ -58,8 +58,9 @@ def render_status(result: Any) -> None:
                 out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})")
         if not row.drift:
             continue
-        out.print(f"\n{escape(row.node)}: {len(row.drift)} file{'s' if len(row.drift) != 1 else ''} "
-                  f"differ from {row.snapshot[:10] if row.snapshot else '?'}")
+        count = len(row.drift)
+        out.print(f"\n{escape(row.node)}: {count} file{'s differ' if count != 1 else ' differs'} "
+                  f"from {row.snapshot[:10] if row.snapshot else '?'}")
         for item in row.drift:
             label = {"pristine": "[green]pristine[/green]", "hot-fix": "[red]hot-fix[/red]"}.get(
                 item.label, f"[yellow]patch {escape(', '.join(item.patches))}[/yellow]")
