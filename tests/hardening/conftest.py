@@ -1,4 +1,11 @@
-"""Fixtures of the hardening suite (faults and attacks); helpers live in ``faultkit.py``."""
+"""Fixtures of the hardening suite (faults and attacks); helpers live in ``faultkit.py``.
+
+Here ``run_snapver`` runs the CLI *in this process* (``faultkit.cli``: the real
+``snapver.cli.main``, its parsing, error mapping and exit codes) because interpreter
+start-up would be most of the suite's time; a fault that needs a process of its own
+to kill, a umask or a memory limit starts one (``faultkit.start_snapver``,
+``snapver_process``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,28 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 SRT = "sglang/srt"
+
+
+@pytest.fixture(autouse=True)
+def no_background_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `git repack` started behind a test's back: it would race the checks of the pack folder."""
+    monkeypatch.setenv("SNAPVER_AUTO_GC", "0")
+
+
+@pytest.fixture
+def run_snapver():
+    """``run_snapver(*args, env=None, cwd=None, timeout=None)`` → Result, in this process."""
+    from faultkit import cli
+
+    return cli
+
+
+@pytest.fixture
+def snapver_process():
+    """``snapver_process(*args, env=None, timeout=120)`` → Result, a real ``python -m snapver``."""
+    from faultkit import run_process
+
+    return run_process
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -21,6 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from helpers import Result
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_REF = "refs/heads/nodes/"
@@ -37,6 +42,16 @@ def start_snapver(*args: str, env: dict[str, str] | None = None, **popen: object
     """``python -m snapver ARGS`` in the background (stdout/stderr piped)."""
     return subprocess.Popen([sys.executable, "-m", "snapver", *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=snapver_env(env), **popen)
+
+
+def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> "Result":
+    """``python -m snapver ARGS`` to completion, in a process of its own."""
+    from helpers import Result
+
+    done = subprocess.run([sys.executable, "-m", "snapver", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          env=snapver_env(env), timeout=timeout)
+    return Result(done.returncode, done.stdout.decode("utf-8", "surrogateescape"),
+                  done.stderr.decode("utf-8", "surrogateescape"))
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.005) -> object:
@@ -169,20 +184,23 @@ def sshd_session_pids(sshd_dir: Path) -> set[int]:
 class CuttingProxy:
     """A TCP relay ``listen_address:port`` → ``target``; once ``cut_after`` bytes have flowed
     from the target to the client it resets both connections (SO_LINGER 0: an RST, as a
-    dropped link or a killed middlebox would)."""
+    dropped link or a killed middlebox would). Connections made after the cut are relayed.
+
+    One thread per connection relays both directions (select), so the thread that cuts
+    is the only one holding the sockets: their close really sends the RST.
+    """
 
     def __init__(self, listen_address: str, target: tuple[str, int], cut_after: int | None) -> None:
         self.target = target
         self.cut_after = cut_after
         self.relayed = 0
         self.cut = threading.Event()
+        self._closing = threading.Event()
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((listen_address, 0))
         self._listener.listen(8)
         self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -192,46 +210,34 @@ class CuttingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
-            with self._lock:
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+            threading.Thread(target=self._relay, args=(client, upstream, not self.cut.is_set()), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+    def _relay(self, client: socket.socket, upstream: socket.socket, may_cut: bool) -> None:
+        peer = {client: upstream, upstream: client}
         try:
-            while data := source.recv(1 << 16):
-                sink.sendall(data)
-                if counted:
-                    with self._lock:
-                        self.relayed += len(data)
-                        due = self.cut_after is not None and self.relayed >= self.cut_after
-                    if due:
-                        self.reset()
+            while not self._closing.is_set():
+                ready, _, _ = select.select([client, upstream], [], [], 0.05)
+                for source in ready:
+                    data = source.recv(1 << 16)
+                    if not data:
                         return
+                    peer[source].sendall(data)
+                    if source is upstream and may_cut and self.cut_after is not None:
+                        self.relayed += len(data)
+                        if self.relayed >= self.cut_after:
+                            self.cut.set()
+                            for sock in (client, upstream):
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                            return
         except OSError:
             pass
         finally:
-            if not self.cut.is_set():
-                for sock in (source, sink):
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-    def reset(self) -> None:
-        """Cut every relayed connection now, with a reset."""
-        self.cut.set()
-        with self._lock:
-            for sock in self._sockets:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    sock.close()
-                except OSError:
-                    pass
+            client.close()
+            upstream.close()
 
     def close(self) -> None:
+        self._closing.set()
         self._listener.close()
-        self.reset()
 
 
 AGENT_WRAPPER = '''#!{python}
@@ -259,3 +265,35 @@ def hostile_python(folder: Path, payload: str) -> Path:
     wrapper.write_text(AGENT_WRAPPER.format(python=sys.executable, payload=str(payload_file)))
     wrapper.chmod(0o755)
     return wrapper
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **_ignored: object) -> "Result":
+    """Run the snapver CLI in this process (``snapver.cli.main``): the same parsing, error
+    mapping and exit codes as the command, without a second of interpreter start-up."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from helpers import Result
+
+    from snapver.cli import main
+
+    out, err = io.BytesIO(), io.BytesIO()
+    text_out = io.TextIOWrapper(out, encoding="utf-8", errors="surrogateescape", write_through=True)
+    text_err = io.TextIOWrapper(err, encoding="utf-8", errors="surrogateescape", write_through=True)
+    saved = {key: os.environ.get(key) for key in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with redirect_stdout(text_out), redirect_stderr(text_err):
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return Result(code, out.getvalue().decode("utf-8", "surrogateescape"),
+                  err.getvalue().decode("utf-8", "surrogateescape"))

@@ -23,7 +23,7 @@ from snapver.refs import Resolver, parse_day
 from snapver.store.repo import Store, blob_oid, format_message
 from snapver.unidiff import apply_hunks, parse_diff
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # --------------------------------------------------------------------------- refs

@@ -30,7 +30,7 @@ TOML_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(sorted(_NODE_KEYS)), value=TOML_VALUES, in_defaults=st.booleans())
 def test_any_value_of_any_type_is_accepted_or_a_config_error(key: str, value: object, in_defaults: bool) -> None:
     node = {"host": "h", "site_packages": "/sp"}
