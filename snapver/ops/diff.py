@@ -24,6 +24,7 @@ from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, C
                            compare_manifests, is_safe_relpath, quote_path)
 from snapver.ops.pull import list_live
 from snapver.refs import Resolver, TreeRef
+from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport, open_transport
 
@@ -320,15 +321,6 @@ def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, co
         lines.append(b"--- %s\n+++ %s\n" % (_enc(from_name), _enc(to_name)))
         lines.extend(hunks)
     return FileDiff(change, b"".join(lines), added, removed, **result)
-
-
-def split_lines(data: bytes) -> list[bytes]:
-    """Lines with their ``\\n`` (only ``\\n`` ends a line, as for diff and patch)."""
-    lines = [line + b"\n" for line in data.split(b"\n")]
-    last = lines.pop()[:-1]
-    if last:
-        lines.append(last)
-    return lines
 
 
 def unified_hunks(old: list[bytes], new: list[bytes], context: int = 3) -> tuple[list[bytes], int, int]:
