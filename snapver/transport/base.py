@@ -87,7 +87,7 @@ class Transport(ABC):
         try:
             self._channel.stdin.write(AGENT_SOURCE)
             self._channel.stdin.flush()
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
         reply = self.call("hello", paths=list(self.spec.paths))
         try:
@@ -151,7 +151,7 @@ class Transport(ABC):
         try:
             self._channel.stdin.write(struct.pack(">I", len(data)) + data)
             self._channel.stdin.flush()
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
         self.bytes_sent += len(data) + 4
 
@@ -165,7 +165,7 @@ class Transport(ABC):
                     self.bytes_sent += len(chunk) + 4
             self._channel.stdin.write(struct.pack(">I", 0))
             self._channel.stdin.flush()
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
 
     def _recv_frame(self) -> bytes:
@@ -178,7 +178,7 @@ class Transport(ABC):
         assert self._channel is not None
         try:
             data = self._channel.stdout.read(size)
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
         if data is None or len(data) != size:
             raise self._dead(None)

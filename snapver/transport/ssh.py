@@ -124,6 +124,32 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+class _ChannelWriter:
+    """The agent's stdin: writes go straight to the channel, and a dropped connection is an
+    OSError like any broken pipe (paramiko raises EOFError). Unlike paramiko's own file
+    object, it has no buffer to flush when garbage-collected after the connection died
+    (that printed "Exception ignored … Traceback" on stderr)."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.channel = channel
+
+    def write(self, data: bytes) -> int:
+        try:
+            self.channel.sendall(data)
+        except (EOFError, paramiko.SSHException) as exc:
+            raise BrokenPipeError(str(exc) or "the connection closed") from exc
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+
 class SshTransport(Transport):
     """The agent runs in the node's Python, over one SSH connection."""
 
@@ -203,7 +229,7 @@ class SshTransport(Transport):
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.spec.name}: cannot start the agent: {exc}") from exc
-        stdin = channel.makefile_stdin("wb", -1)
+        stdin = _ChannelWriter(channel)
         stdout = channel.makefile("rb", -1)
         stderr = channel.makefile_stderr("rb", -1)
 

@@ -183,16 +183,21 @@ def sshd_session_pids(sshd_dir: Path) -> set[int]:
 
 class CuttingProxy:
     """A TCP relay ``listen_address:port`` → ``target``; once ``cut_after`` bytes have flowed
-    from the target to the client it resets both connections (SO_LINGER 0: an RST, as a
-    dropped link or a killed middlebox would). Connections made after the cut are relayed.
+    from the target to the client (``upload``: from the client to the target) it resets
+    both connections (SO_LINGER 0: an RST, as a dropped link or a killed middlebox would).
+    Connections made after the cut are relayed, unless ``stay_down``: then they are reset
+    as soon as they are accepted.
 
     One thread per connection relays both directions (select), so the thread that cuts
     is the only one holding the sockets: their close really sends the RST.
     """
 
-    def __init__(self, listen_address: str, target: tuple[str, int], cut_after: int | None) -> None:
+    def __init__(self, listen_address: str, target: tuple[str, int], cut_after: int | None,
+                 upload: bool = False, stay_down: bool = False) -> None:
         self.target = target
         self.cut_after = cut_after
+        self.upload = upload
+        self.stay_down = stay_down
         self.relayed = 0
         self.cut = threading.Event()
         self._closing = threading.Event()
@@ -209,6 +214,10 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.stay_down and self.cut.is_set():
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                continue
             upstream = socket.create_connection(self.target)
             threading.Thread(target=self._relay, args=(client, upstream, not self.cut.is_set()), daemon=True).start()
 
@@ -222,7 +231,8 @@ class CuttingProxy:
                     if not data:
                         return
                     peer[source].sendall(data)
-                    if source is upstream and may_cut and self.cut_after is not None:
+                    counted = client if self.upload else upstream
+                    if source is counted and may_cut and self.cut_after is not None:
                         self.relayed += len(data)
                         if self.relayed >= self.cut_after:
                             self.cut.set()
