@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,40 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+ALIVE_MISSES = 3  # unanswered keepalives in a row that end a connection (OpenSSH's ServerAliveCountMax)
+
+
+def watch_link(transport: paramiko.Transport, interval: float) -> None:
+    """OpenSSH's ServerAliveInterval for a paramiko transport: every ``interval`` seconds ask
+    the server for a reply (any reply: sshd answers requests it does not know); after
+    ALIVE_MISSES unanswered, close the connection. Reads and writes then fail at once, so a
+    silent partition cannot hang a command — and the store lock it holds — forever.
+    (paramiko's own keepalive wants no reply, so it cannot tell a dead link.)"""
+
+    def ask(answered: threading.Event) -> None:
+        try:
+            transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception:  # noqa: BLE001 - a closing transport; the watcher sees it inactive
+            pass
+        answered.set()
+
+    def watch() -> None:
+        misses = 0
+        while transport.is_active():
+            answered = threading.Event()
+            threading.Thread(target=ask, args=(answered,), daemon=True, name="snapver-keepalive").start()
+            if answered.wait(interval):
+                misses = 0
+                time.sleep(interval)
+                continue
+            misses += 1
+            if misses >= ALIVE_MISSES:
+                transport.close()
+                return
+
+    threading.Thread(target=watch, daemon=True, name="snapver-link-watch").start()
+
+
 class _ChannelWriter:
     """The agent's stdin: writes go straight to the channel, and a dropped connection is an
     OSError like any broken pipe (paramiko raises EOFError). Unlike paramiko's own file
@@ -192,6 +228,7 @@ class SshTransport(Transport):
                 raise TransportError(f"{spec.name}: {spec.address} did not complete the SSH handshake within "
                                      f"{spec.connect_timeout:g} s") from exc
             raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
+        watch_link(connection.transport, spec.connect_timeout)
         return connection
 
     def _check_host_keys(self, connection: Connection) -> None:

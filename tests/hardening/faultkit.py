@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -181,23 +182,53 @@ def sshd_session_pids(sshd_dir: Path) -> set[int]:
     return {pid for server in servers for pid in descendants(server) if cmdline(pid).startswith("sshd: root@notty")}
 
 
+def io_bytes(pid: int, field: str) -> int:
+    """``rchar``/``wchar`` of a process (/proc/PID/io): bytes it has read/written, sockets included."""
+    try:
+        with open(f"/proc/{pid}/io") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def kill_sessions_once(sshd_dir: Path, existing: set[int], field: str, threshold: int) -> set[int]:
+    """SIGKILL the new sshd sessions once one has moved ``threshold`` bytes (``field``); the
+    set killed, or an empty set if none has yet. Counting at the server means data is
+    really still in flight: a client can hold megabytes it has received but not yet used."""
+    sessions = sshd_session_pids(sshd_dir) - existing
+    if not any(io_bytes(pid, field) >= threshold for pid in sessions):
+        return set()
+    for pid in sessions:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return sessions
+
+
 class CuttingProxy:
     """A TCP relay ``listen_address:port`` → ``target``; once ``cut_after`` bytes have flowed
     from the target to the client (``upload``: from the client to the target) it resets
     both connections (SO_LINGER 0: an RST, as a dropped link or a killed middlebox would).
     Connections made after the cut are relayed, unless ``stay_down``: then they are reset
-    as soon as they are accepted.
+    as soon as they are accepted. ``silent``: the cut drops nothing, the relay just stops
+    (packets lost in a partition: no RST, no FIN ever arrives).
 
     One thread per connection relays both directions (select), so the thread that cuts
     is the only one holding the sockets: their close really sends the RST.
     """
 
     def __init__(self, listen_address: str, target: tuple[str, int], cut_after: int | None,
-                 upload: bool = False, stay_down: bool = False) -> None:
+                 upload: bool = False, stay_down: bool = False, silent: bool = False) -> None:
         self.target = target
         self.cut_after = cut_after
         self.upload = upload
         self.stay_down = stay_down
+        self.silent = silent  # at the cut, stop relaying but close nothing: a silent partition
         self.relayed = 0
         self.cut = threading.Event()
         self._closing = threading.Event()
@@ -236,6 +267,9 @@ class CuttingProxy:
                         self.relayed += len(data)
                         if self.relayed >= self.cut_after:
                             self.cut.set()
+                            if self.silent:
+                                self._closing.wait()
+                                return
                             for sock in (client, upstream):
                                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                             return

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, live_blob_ids, pack_bytes,
+from faultkit import (CuttingProxy, all_refs, assert_store_sound, kill_sessions_once, live_blob_ids, pack_bytes,
                       snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
 
 SRT = "sglang/srt"
@@ -83,14 +83,10 @@ def test_sigkill_mid_pull(fleet, run_snapver, store, big_site) -> None:
 def test_sshd_session_killed_mid_pull(fleet, sshd, run_snapver, store, big_site) -> None:
     before = all_refs(store)
     existing = sshd_session_pids(sshd.dir)
-    start_bytes = pack_bytes(store)
     pull = start_snapver("pull", "ct200")
-    wait_for(lambda: pull.poll() is not None or pack_bytes(store) - start_bytes > MID_TRANSFER, 60,
-             "the pull to be mid-transfer")
-    sessions = sshd_session_pids(sshd.dir) - existing
-    assert pull.poll() is None and sessions, f"nothing to kill: {sessions} {pull.poll()}"
-    for pid in sessions:
-        os.kill(pid, signal.SIGKILL)
+    killed = wait_for(lambda: pull.poll() is not None or kill_sessions_once(sshd.dir, existing, "wchar", MID_TRANSFER),
+                      60, "the node's sshd to have sent 8 MB")
+    assert killed is not True and pull.poll() is None, f"the pull ended first: {pull.communicate()}"
     out, err = pull.communicate(timeout=60)
     assert pull.returncode == 3, err.decode()
     assert "ct200" in err.decode() and "Traceback" not in err.decode()
@@ -200,9 +196,56 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
                 assert blob in (OLD, NEW), f"torn snapshot: {len(blob)} bytes, starts {blob[:8]!r}"
             else:
                 assert result.code == 3, str(result)
-                assert "changing" in result.err, result.err
+                assert "keeps changing while read" in result.out, result.out
                 assert all_refs(store) == before
     finally:
         stop.set()
         writer.join()
     assert_store_sound(store, run_snapver, all_refs(store))
+
+
+def test_connection_reset_mid_diff(sshd, big_site, small_site, local_node, ssh_node, write_config, run_snapver,
+                                   store, tmp_path) -> None:
+    """`diff` fetches the content of changed files: cut while 32 MB of them stream."""
+    write_config({"ct200": local_node(small_site)})  # an old snapshot of ct200 that shares nothing with big_site
+    assert run_snapver("pull", "ct200").code == 0
+    address = sshd.addresses["ct200"]
+    proxy = CuttingProxy(address, (address, sshd.port), cut_after=MID_TRANSFER)
+    known_hosts = tmp_path / "proxy_known_hosts"
+    known_hosts.write_text(f"[{address}]:{proxy.port} {sshd.host_public_key}\n")
+    write_config({"ct200": ssh_node("ct200", big_site, port=proxy.port, known_hosts=str(known_hosts))})
+    before = all_refs(store)
+    try:
+        result = run_snapver("diff", "ct200@latest", "ct200")
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set(), "the diff finished before the cut"
+    assert result.code == 3, str(result)[:2000]
+    assert result.err.startswith("snapver: error: ct200") and "Traceback" not in result.err
+    assert_store_sound(store, run_snapver, before)
+    write_config({"ct200": ssh_node("ct200", big_site)})
+    result = run_snapver("diff", "--name-status", "ct200@latest", "ct200")
+    assert result.code == 1 and result.out.count("\n") == 64 + 14, str(result)[:2000]
+
+
+def test_silent_partition_mid_pull(fleet, sshd, snapver_process, run_snapver, store, big_site, tmp_path) -> None:
+    """The link goes silent (no RST, no FIN: a partition): the pull must not hang — nor hold
+    the store lock — forever. SSH keepalives unanswered for 3 × connect_timeout end it."""
+    address = sshd.addresses["ct200"]
+    proxy = CuttingProxy(address, (address, sshd.port), cut_after=MID_TRANSFER, silent=True)
+    known_hosts = tmp_path / "proxy_known_hosts"
+    known_hosts.write_text(f"[{address}]:{proxy.port} {sshd.host_public_key}\n")
+    fleet(port=proxy.port, known_hosts=str(known_hosts), connect_timeout=1)
+    before = all_refs(store)
+    began = time.monotonic()
+    try:
+        result = snapver_process("pull", "ct200", timeout=60)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()
+    assert result.code == 3, str(result)
+    assert time.monotonic() - began < 20
+    assert "ct200" in result.err and "Traceback" not in result.err
+    assert_store_sound(store, run_snapver, before)
+    fleet()
+    assert_next_pull_is_exact(run_snapver, store, big_site)

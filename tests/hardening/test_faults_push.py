@@ -19,8 +19,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, snapshot_blob_ids, sshd_session_pids,
-                      start_snapver, wait_for)
+from faultkit import (CuttingProxy, all_refs, assert_store_sound, kill_sessions_once, snapshot_blob_ids,
+                      sshd_session_pids, start_snapver, wait_for)
 
 SRT = "sglang/srt"
 A, BIG, Z = f"{SRT}/a.py", f"{SRT}/big.bin", f"{SRT}/z.py"
@@ -138,13 +138,15 @@ def test_connection_lost_for_good_mid_push_is_repaired_by_rollback(sshd, patched
 def test_killed_mid_push(fault, sshd, patched, node, run_snapver, store) -> None:
     existing = sshd_session_pids(sshd.dir)
     push = start_snapver("push", "fix", "n", "--yes")
-    wait_for(lambda: push.poll() is not None or (node / A).read_bytes() == NEW[A], 60, "the first file to be written")
-    assert push.poll() is None, push.communicate()
     if fault == "snapver SIGKILLed":
+        wait_for(lambda: push.poll() is not None or (node / A).read_bytes() == NEW[A], 60, "a.py to be written")
+        assert push.poll() is None, push.communicate()
         push.send_signal(signal.SIGKILL)
     else:
-        for pid in sshd_session_pids(sshd.dir) - existing:
-            os.kill(pid, signal.SIGKILL)
+        # Kill once the node's sshd has received 8 MB of big.bin (a.py came first, whole).
+        killed = wait_for(lambda: push.poll() is not None or kill_sessions_once(sshd.dir, existing, "rchar", 8 << 20),
+                          60, "the node's sshd to have received 8 MB")
+        assert killed is not True and push.poll() is None, push.communicate()
     out, err = push.communicate(timeout=60)
     state = node_state(node)
     if fault == "snapver SIGKILLed":
