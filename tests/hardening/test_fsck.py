@@ -130,6 +130,21 @@ def test_manifest_blake3_mismatch_is_found_and_named(pulled, run_snapver) -> Non
     assert any(commit[:10] in p and VICTIM in p and "blake3" in p for p in problems), problems
 
 
+def test_object_rewritten_with_other_content_is_found_by_its_hash(pulled, run_snapver) -> None:
+    """Damage zlib cannot see: a loose object replaced by a well-formed one of other content
+    (git reads it back without a complaint; only hashing what was read finds it)."""
+    import zlib
+
+    oid = victim_oid(pulled)
+    delete_object(pulled, oid)
+    forged = VICTIM_CONTENT.replace(b"7", b"8")
+    loose = pulled / "objects" / oid[:2] / oid[2:]
+    loose.write_bytes(zlib.compress(b"blob %d\0" % len(forged) + forged))
+    assert git(pulled, "cat-file", "blob", oid) == forged
+    problems = [p for p in fsck_problems(run_snapver) if not p.startswith("problem: git fsck:")]
+    assert any(VICTIM in p and oid in p and "does not hash to its id" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("ref", ["refs/heads/nodes/ghost", "refs/tags/lost"])
 def test_dangling_ref_is_found_and_named(pulled, run_snapver, ref: str) -> None:
     missing = dangle_ref(pulled, ref)
