@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -199,7 +200,8 @@ def test_shell_syntax_in_the_python_key_is_not_run(transport, make_site_packages
                                                    write_config, run_snapver, tmp_path) -> None:
     marker = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
     site = make_site_packages("node", files={f"{SRT}/a.py": "a\n"})
-    python = f"/nonexistent/python; touch {marker}; true"
+    # Unquoted, a shell would run the touch and then a working python: the pull would even succeed.
+    python = f"$(touch {marker}){sys.executable}"
     write_config({"n": local_node(site, python=python) if transport == "local"
                   else ssh_node("ct200", site, python=python)})
     result = run_snapver("pull", "n")
