@@ -5,19 +5,17 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
+from typer import Abort
+# typer >= 0.27 vendors click and raises its own usage errors; click itself may not be
+# installed at all (pyproject pins typer to >=0.27,<0.29).
+from typer._click import ClickException
 
 from snapver.cli.app import STATE, app
 from snapver.errors import SnapverError
 
 import importlib
 import pkgutil
-
-try:  # typer >= 0.22 raises usage errors from its own vendored click
-    from typer._click import ClickException as TyperClickException
-except ImportError:  # pragma: no cover - older typer uses click itself
-    TyperClickException = click.ClickException
 
 # Every other module in this package registers its commands on ``app`` when imported;
 # operations are imported inside the commands, so `--help` stays fast.
@@ -52,10 +50,10 @@ def main(argv: list[str] | None = None) -> None:
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except Abort:
         print("snapver: aborted", file=sys.stderr)
         sys.exit(130)
-    except (click.ClickException, TyperClickException) as exc:
+    except ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Any, List, Optional
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -18,14 +17,14 @@ PATHS_KEY = "snapver.paths"
 class RefsThenPathsCommand(TyperCommand):
     """Keeps what follows ``--`` apart (paths), so that refs and paths never mix."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if "--" in args:
             split = args.index("--")
             ctx.meta[PATHS_KEY] = args[split + 1:]
             args = args[:split]
         return super().parse_args(ctx, args)
 
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         return ["[OPTIONS]", "A [B] [-- PATH...]"]
 
 
