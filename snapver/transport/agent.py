@@ -279,8 +279,9 @@ def op_list(channel, request):
 def op_read(channel, request):
     """Stream the content of the asked paths, in one (optionally zlib) stream.
 
-    Record: path length (4) + path + kind (1: file, 2: link, 0: vanished) + size (8) +
-    content. A zero path length ends the stream.
+    Record: path length (4) + path + kind (1: file, 2: link, 0: vanished, 3: unreadable,
+    the content being the reason) + size (8) + content. A zero path length ends the
+    stream. (An error reply in the middle of the stream would put it out of step.)
     """
     site = site_packages_of(request.get("site_packages"))
     level = request.get("compress_level", 0)
@@ -318,6 +319,8 @@ def op_read(channel, request):
                 kind, data = 0, b""
         except (FileNotFoundError, NotADirectoryError):
             kind, data = 0, b""
+        except (AgentError, OSError) as exc:
+            kind, data = 3, str(exc).encode("utf-8", "replace")
         emit(struct.pack(">I", len(encoded)) + encoded + struct.pack(">BQ", kind, len(data)))
         emit(data)
     emit(struct.pack(">I", 0))

@@ -257,6 +257,8 @@ class Transport(ABC):
                 data = take(size)
                 if path not in wanted:
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
+                if kind_code == 3:  # the node could not read it (the reason is the content)
+                    raise TransportError(f"{self.spec.name}: {data.decode('utf-8', 'replace')}")
                 yield path, {1: FILE, 2: LINK}.get(kind_code), data
         finally:
             if finished:

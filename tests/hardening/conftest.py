@@ -9,6 +9,7 @@ to kill, a umask or a memory limit starts one (``faultkit.start_snapver``,
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,3 +60,18 @@ def small_site(make_site_packages) -> Path:
     (site / SRT / "run.sh").chmod(0o755)
     (site / SRT / "link.py").symlink_to("server_args.py")
     return site
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs (we are root); unmounted afterwards, whatever happened."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, kill_sessions_once, live_blob_ids, pack_bytes,
-                      snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
+from faultkit import (CuttingProxy, all_refs, assert_store_sound, hostile_python, kill_sessions_once, live_blob_ids,
+                      pack_bytes, snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
 
 SRT = "sglang/srt"
 MID_TRANSFER = 8 << 20  # bytes of the 32 MB in the store when the fault strikes
@@ -115,21 +115,6 @@ def test_connection_reset_mid_pull(fleet, sshd, run_snapver, store, big_site, tm
     assert_next_pull_is_exact(run_snapver, store, big_site)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 3 MB tmpfs (we are root); unmounted afterwards, whatever happened."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 def test_store_disk_full(small_disk, small_site, make_site_packages, local_node, write_config, run_snapver) -> None:
     store = small_disk / "snapshots"
     big = make_site_packages("big", files={f"{SRT}/weights.bin": os.urandom(4 << 20),
@@ -202,6 +187,42 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
         stop.set()
         writer.join()
     assert_store_sound(store, run_snapver, all_refs(store))
+
+
+FAILING_READ = '''
+_honest_read_op = OPS["read"]
+_honest_read_stable = read_stable
+
+def _failing_read_stable(full, st):
+    if full.endswith("/l3.py"):
+        raise AgentError("%s: keeps changing while read" % full, "remote")
+    return _honest_read_stable(full, st)
+
+def _read_op(channel, request):
+    global read_stable
+    read_stable = _failing_read_stable
+    try:
+        _honest_read_op(channel, request)
+    finally:
+        read_stable = _honest_read_stable
+
+OPS["read"] = _read_op
+'''
+
+
+def test_a_file_unreadable_mid_stream_fails_the_pull_in_step(small_site, local_node, write_config, snapver_process,
+                                                             run_snapver, store, tmp_path) -> None:
+    """The node cannot read one file half-way through the stream (it keeps changing, or a
+    permission): the pull fails at once naming it — it used to wait forever, the node's
+    error reply having put the stream out of step."""
+    python = hostile_python(tmp_path / "node-python", FAILING_READ)
+    write_config({"small": local_node(small_site, python=str(python))})
+    result = snapver_process("pull", "small", timeout=60)
+    assert result.code == 3, str(result)
+    assert "l3.py: keeps changing while read" in result.err and "Traceback" not in result.err
+    assert all_refs(store) == {}
+    write_config({"small": local_node(small_site)})
+    assert run_snapver("pull", "small").code == 0
 
 
 def test_connection_reset_mid_diff(sshd, big_site, small_site, local_node, ssh_node, write_config, run_snapver,

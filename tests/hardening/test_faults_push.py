@@ -167,20 +167,6 @@ def test_killed_mid_push(fault, sshd, patched, node, run_snapver, store) -> None
     assert_push_then_succeeds(run_snapver, node, store)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 def test_store_disk_full_refuses_the_push_before_any_write(small_disk, node, local_node, write_config, run_snapver,
                                                            tmp_path) -> None:
     store = small_disk / "snapshots"

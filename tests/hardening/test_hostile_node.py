@@ -208,7 +208,6 @@ def test_shell_syntax_in_the_python_key_is_not_run(transport, make_site_packages
     assert result.code == 3, str(result)
     assert "Traceback" not in result.err
     assert not marker.exists(), "the python key was run by a shell"
-    subprocess.run(["sync"], check=False)
 
 
 def test_a_hostile_store_cannot_make_a_checkout_write_outside(local_node, write_config, run_snapver, tmp_path,
