@@ -64,11 +64,19 @@ class BenchEnv:
     _built: list[Path] = field(default_factory=list)
 
     # -- nodes --------------------------------------------------------------------
-    def build_node(self, name: str) -> Path:
-        """Unpack the sglang wheel (modes kept) as ``work/nodes/NAME/site-packages``."""
-        site_packages = self.work / "nodes" / name / "site-packages"
-        site_packages.mkdir(parents=True)
-        fixtures._unpack_wheel(self.wheel, site_packages)
+    def build_node(self, name: str, copy_of: Path | None = None) -> Path:
+        """A node's deployment as on a real GPU node: a venv (``python -m venv``, this
+        machine's Python) at ``work/nodes/NAME/venv`` whose site-packages holds the sglang
+        wheel unpacked (modes kept), or a ``cp -a`` of ``copy_of``'s contents (same bytes,
+        modes, times). Returns the site-packages folder."""
+        venv = self.work / "nodes" / name / "venv"
+        run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        site_packages = venv / "lib" / version / "site-packages"
+        if copy_of is None:
+            fixtures._unpack_wheel(self.wheel, site_packages)
+        else:
+            run(["cp", "-a", f"{copy_of}/.", str(site_packages)])
         return site_packages
 
     def node_table(self, name: str, site_packages: Path, **extra: Any) -> dict[str, Any]:

@@ -48,9 +48,7 @@ def build_fleet(env: BenchEnv) -> dict[str, Path]:
     sites = {ONE: env.build_node(ONE)}
     for node in FLEET:
         if node != ONE:
-            sites[node] = env.work / "nodes" / node / "site-packages"
-            sites[node].parent.mkdir(parents=True)
-            run(["cp", "-a", str(sites[ONE]), str(sites[node])])
+            sites[node] = env.build_node(node, copy_of=sites[ONE])
     return sites
 
 

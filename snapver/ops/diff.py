@@ -183,8 +183,7 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], check
             if side.ref.is_live:
                 assert side.ref.live_node is not None
                 side.node = side.ref.live_node
-                side.transport = open_transport(config.node(side.node))
-                side.transport.open()
+                side.transport = open_transport(config.node(side.node)).start()
                 side.manifest = live_manifest(list_live(store, side.transport, checksum))
             else:
                 assert store is not None and side.ref.commit is not None

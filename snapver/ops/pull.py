@@ -55,7 +55,6 @@ class NodePull:
     parent: str | None = field(default=None, repr=False)
     parent_manifest: Manifest | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)
-    rtt: float = field(default=0.0, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -104,11 +103,16 @@ def list_live(store: Store | None, transport: Transport, checksum: bool = False)
     touched within 2 s of that pull are re-hashed anyway (racy timestamps).
     ``checksum`` hashes every file, like ``rsync -c``.
     """
+    return request_live(store, transport, checksum)()
+
+
+def request_live(store: Store | None, transport: Transport, checksum: bool = False) -> Callable[[], Listing]:
+    """``list_live`` in two steps: ask the node now, wait for the listing later."""
     if store is None or checksum:
-        return transport.list_tree()
+        return transport.request_listing()
     node = transport.spec.name
     cache, cache_time = load_stat_cache(store, node, store.ref(refs.node_ref(node)))
-    return transport.list_tree(cache, cache_time)
+    return transport.request_listing(cache, cache_time)
 
 
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
@@ -200,16 +204,16 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
     result.started = time.monotonic()
     try:
         result.parent = store.ref(refs.node_ref(spec.name))
-        result.parent_manifest = store.manifest(result.parent) if result.parent else None
         cache, cache_time = load_stat_cache(store, spec.name, result.parent)
         if result.transport is None:
-            result.transport = open_transport(spec)
-            result.transport.open()
+            result.transport = open_transport(spec).start()
+        listing = result.transport.request_listing(cache, cache_time, want_oids=hash_on_node)
+        # Read the last snapshot while the node starts up and lists.
+        result.parent_manifest = store.manifest(result.parent) if result.parent else None
+        result.listing = listing()
         info = result.transport.info
         assert info is not None
-        result.rtt = result.transport.ping()
         result.dist = info.dist_summary()
-        result.listing = result.transport.list_tree(cache, cache_time, want_oids=hash_on_node)
     except SnapverError as exc:
         result.error = exc
 
@@ -217,7 +221,9 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
 def _assign_fetches(store: Store, nodes: list[NodePull]) -> dict[str, list[StatEntry]]:
     """Give each blob the store lacks to the first node that has it (unhashed files: all)."""
     all_oids = {e.oid for r in nodes for e in r.listing.entries if e.oid}  # type: ignore[union-attr]
-    have = store.existing(all_oids)
+    # Blobs of the nodes' last snapshots are in the store: ask git only about the others.
+    recorded = {e.oid for r in nodes if r.parent_manifest for e in r.parent_manifest}
+    have = (all_oids & recorded) | store.existing(all_oids - recorded)
     assigned: dict[str, list[StatEntry]] = {}
     for result in nodes:
         mine = assigned.setdefault(result.node, [])
@@ -230,7 +236,9 @@ def _assign_fetches(store: Store, nodes: list[NodePull]) -> dict[str, list[StatE
 
 
 def _still_missing(store: Store, importer: Importer, result: NodePull) -> list[StatEntry]:
-    candidates = [e for e in result.listing.entries if not importer.has(e.oid)]  # type: ignore[union-attr]
+    recorded = {e.oid for e in result.parent_manifest} if result.parent_manifest else set()
+    candidates = [e for e in result.listing.entries  # type: ignore[union-attr]
+                  if e.oid not in recorded and not importer.has(e.oid)]
     if not candidates:
         return []
     have = store.existing(e.oid for e in candidates)
@@ -242,8 +250,8 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
     if not entries or not result.ok:
         return
     assert result.transport is not None and result.listing is not None
-    level = 1 if result.transport.spec.compress == "zlib" or (
-        result.transport.spec.compress == "auto" and result.rtt > COMPRESS_RTT_SECONDS) else 0
+    compress = result.transport.spec.compress
+    level = 1 if compress == "zlib" or (compress == "auto" and result.transport.ping() > COMPRESS_RTT_SECONDS) else 0
     by_path = {e.path: e for e in entries}
     changed: dict[str, StatEntry | None] = {}
     try:
@@ -267,7 +275,7 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
         return
     if changed:
         # The file changed between listing and reading: record what was read.
-        kept = [changed.get(e.path, e) if e.path in changed else e for e in result.listing.entries]
+        kept = [changed.get(e.path, e) for e in result.listing.entries]
         result.listing = Listing(result.listing.now_ns, [e for e in kept if e is not None],
                                  result.listing.hashed)
 
@@ -316,5 +324,5 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
 
 def count_changes(old: Manifest, new: Manifest) -> int:
     """Paths added, removed, or whose kind, content or mode changed."""
-    changed = sum(1 for e in new if (o := old.get(e.path)) is None or not o.same_content(e))
-    return changed + sum(1 for e in old if e.path not in new)
+    changed = sum(1 for e in new.entries.values() if (o := old.get(e.path)) is None or not o.same_content(e))
+    return changed + sum(1 for path in old.entries if path not in new.entries)

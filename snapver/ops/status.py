@@ -10,6 +10,7 @@ equals what a patch in the store makes it; the patches are named) or ``hot-fix``
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,7 @@ from snapver.errors import RemotePathError, SnapverError, StoreError
 from snapver.model import Change, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
-from snapver.ops.pull import list_live
+from snapver.ops.pull import request_live
 from snapver.ops.verify import RecordEntry, hash_like_record, read_record
 from snapver.store import refs
 from snapver.store.repo import Store
@@ -130,19 +131,21 @@ def node_status(store: Store | None, spec: NodeSpec, patches: list[KnownPatch],
                 tags: dict[str, list[str]], checksum: bool = False) -> NodeStatus:
     row = NodeStatus(spec.name, spec.address)
     try:
-        snapshot_manifest = None
-        if store is not None:
-            row.snapshot = store.ref(refs.node_ref(spec.name))
-            if row.snapshot:
-                row.snapshot_time = store.commit(row.snapshot).time.astimezone()
-                row.tags = sorted(tags.get(row.snapshot, []))
-                snapshot_manifest = store.manifest(row.snapshot)
-            row.push = last_push(store, spec.name)
-        with open_transport(spec) as transport:
+        with closing(open_transport(spec).start()) as transport:
+            listing = request_live(store, transport, checksum)
+            # The store is read while the node starts up and lists.
+            snapshot_manifest = None
+            if store is not None:
+                row.snapshot = store.ref(refs.node_ref(spec.name))
+                if row.snapshot:
+                    row.snapshot_time = store.commit(row.snapshot).time.astimezone()
+                    row.tags = sorted(tags.get(row.snapshot, []))
+                    snapshot_manifest = store.manifest(row.snapshot)
+                row.push = last_push(store, spec.name)
             assert transport.info is not None
             row.reachable = True
             row.dist = transport.info.dist_summary()
-            live = live_manifest(list_live(store, transport, checksum))
+            live = live_manifest(listing())
             row.files = len(live)
             row.patches = patch_states(patches, live)
             if snapshot_manifest is not None:

@@ -8,6 +8,7 @@ writing) is the same framed protocol for every transport (see ``agent.py``).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import struct
 import time
@@ -15,7 +16,7 @@ import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, TransportError
@@ -45,19 +46,42 @@ class Listing:
         return {entry.path: entry for entry in self.entries}
 
 
-def agent_command(python: str | None, no_site: bool = False) -> str:
+# <prefix>/lib/pythonX.Y/site-packages (venv, conda, pyenv, /usr/local...): <prefix>/bin has its python.
+_PREFIX_LAYOUT = re.compile(r"^(/.*)/lib(?:64)?/python(3(?:\.\d+)?)/(?:site|dist)-packages/?$")
+
+
+def deployment_pythons(site_packages: str | None) -> list[str]:
+    """The interpreters that own ``site_packages`` by its layout, most specific first.
+
+    Starting the deployment's own interpreter by path (rather than the first ``python3``
+    on PATH) records the right version and skips PATH shims (pyenv's costs ~75 ms).
+    """
+    match = _PREFIX_LAYOUT.match(site_packages or "")
+    if not match:
+        return []
+    prefix, version = match.groups()
+    names = [f"python{version}", "python3", "python"] if "." in version else ["python3", "python"]
+    return [f"{prefix}/bin/{name}" for name in names]
+
+
+def agent_command(python: str | None, no_site: bool = False, site_packages: str | None = None) -> str:
     """The POSIX sh command that starts the agent, reading its source from stdin.
 
     ``no_site`` (when site-packages is known, so the agent needs only the standard
     library) runs Python with ``-S``: no ``site`` import, no ``.pth`` files to process.
+    Without a configured ``python``: the interpreter that owns ``site_packages`` by its
+    layout if there is one, else ``python3`` or ``python`` from PATH.
     """
     code = f'import sys;exec(compile(sys.stdin.buffer.read({len(AGENT_SOURCE)}),"snapver-agent","exec"))'
     flags = "-S -c" if no_site else "-c"
     if python:
         return f"exec {shlex.quote(python)} {flags} {shlex.quote(code)}"
+    owners = " ".join(shlex.quote(p) for p in deployment_pythons(site_packages))
+    by_layout = f'for p in {owners}; do [ -f "$p" ] && [ -x "$p" ] && exec "$p" {flags} "$c"; done; ' if owners else ""
     return (
+        f"c={shlex.quote(code)}; {by_layout}"
         'for p in python3 python; do command -v "$p" >/dev/null 2>&1 && '
-        f'exec "$p" {flags} {shlex.quote(code)}; done; '
+        f'exec "$p" {flags} "$c"; done; '
         'echo "snapver: no python3 or python on the node" >&2; exit 127'
     )
 
@@ -67,7 +91,8 @@ class Transport(ABC):
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
-        self.info: NodeInfo | None = None
+        self._info: NodeInfo | None = None
+        self._hello_pending = False
         self.bytes_received = 0
         self.bytes_sent = 0
         self._channel: RawChannel | None = None
@@ -83,29 +108,47 @@ class Transport(ABC):
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> NodeInfo:
         """Connect, start the agent and learn the node's facts (python, site-packages)."""
-        self._channel = self._start(agent_command(self.spec.python, no_site=bool(self.spec.site_packages)))
+        info = self.start().info
+        assert info is not None
+        return info
+
+    def start(self) -> "Transport":
+        """``open`` without waiting: the reply to ``hello`` is read when first needed
+        (``info``, or the reply to the next request), so the first real request travels
+        right behind it and the node's shell and Python start-up overlap with the caller's
+        own work. A node that cannot answer hello fails that first use."""
+        self._channel = self._start(agent_command(self.spec.python, no_site=bool(self.spec.site_packages),
+                                                  site_packages=self.spec.site_packages))
         try:
             self._channel.stdin.write(AGENT_SOURCE)
-            self._channel.stdin.flush()
         except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
-        reply = self.call("hello", paths=list(self.spec.paths))
-        try:
-            self.info = NodeInfo(
-                hostname=_text(reply["hostname"]),
-                python_version=_text(reply["python_version"]),
-                python=_text(reply["python"]),
-                site_packages=_text(reply["site_packages"]),
-                dists=tuple(DistInfo(*map(_text, dist)) for dist in reply["dists"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
-        return self.info
+        self._send({"op": "hello", "paths": list(self.spec.paths), "site_packages": self.spec.site_packages})
+        self._hello_pending = True
+        return self
+
+    @property
+    def info(self) -> NodeInfo | None:
+        """The node's facts, from the agent's reply to hello (None before ``open``)."""
+        if self._hello_pending:
+            self._hello_pending = False
+            reply = self._reply()
+            try:
+                self._info = NodeInfo(
+                    hostname=_text(reply["hostname"]),
+                    python_version=_text(reply["python_version"]),
+                    python=_text(reply["python"]),
+                    site_packages=_text(reply["site_packages"]),
+                    dists=tuple(DistInfo(*map(_text, dist)) for dist in reply["dists"]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
+        return self._info
 
     @property
     def is_open(self) -> bool:
         """True while the agent is running and in step with us."""
-        return self._channel is not None and self.info is not None
+        return self._channel is not None and (self._hello_pending or self._info is not None)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -127,10 +170,22 @@ class Transport(ABC):
     # -- the protocol -----------------------------------------------------------
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         """Send one request and return its reply; an agent error becomes a TransportError."""
-        if op != "hello" or "site_packages" not in args:
-            args.setdefault("site_packages", self.spec.site_packages)
+        return self.request(op, **args)()
+
+    def request(self, op: str, **args: Any) -> Callable[[], dict[str, Any]]:
+        """Send one request now; the returned function waits for its reply.
+
+        Replies come in the order of requests: wait for each before sending another.
+        """
+        args.setdefault("site_packages", self.spec.site_packages)
         self._send({"op": op, **args})
-        return self._reply()
+
+        def reply() -> dict[str, Any]:
+            if self._hello_pending:
+                self.info  # noqa: B018 - the hello reply comes first
+            return self._reply()
+
+        return reply
 
     def _reply(self) -> dict[str, Any]:
         try:
@@ -201,10 +256,18 @@ class Transport(ABC):
     def list_tree(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
                   want_oids: bool = True) -> Listing:
         """List the tracked tree; paths whose stat matches ``cache`` are not re-hashed."""
+        return self.request_listing(cache, cache_time_ns, want_oids)()
+
+    def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                        want_oids: bool = True) -> Callable[[], Listing]:
+        """``list_tree`` in two steps: ask now, and get a function that waits for the listing."""
         wire_cache = {path: [*entry.stat_key[:4], entry.mode, entry.oid]
                       for path, entry in (cache or {}).items() if entry.kind == FILE}
-        reply = self.call("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
-                          cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids)
+        reply = self.request("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
+                             cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids)
+        return lambda: self._checked_listing(reply())
+
+    def _checked_listing(self, reply: dict[str, Any]) -> Listing:
         try:
             entries = [StatEntry(*_checked_row(row)) for row in reply["entries"]]
             listing = Listing(int(reply["now_ns"]), entries, int(reply["hashed"]))
@@ -271,6 +334,7 @@ class Transport(ABC):
 
     def ping(self) -> float:
         """Seconds one request takes to come back: the link's round-trip time."""
+        self.info  # noqa: B018 - not the time the node takes to start
         began = time.monotonic()
         self.call("ping")
         return time.monotonic() - began
@@ -286,17 +350,20 @@ def _text(value: Any) -> str:
     return value
 
 
+_BLOB_ID = re.compile(r"[0-9a-f]{40}").fullmatch
+
+
 def _checked_row(row: Any) -> tuple[Any, ...]:
     """A listing row with the types StatEntry holds (a node's reply is not trusted)."""
-    if not isinstance(row, list) or len(row) != 9:
+    if type(row) is not list or len(row) != 9:
         raise ValueError(f"a listing row has 9 fields: {row!r}")
     path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target = row
-    numbers = (mode, size, mtime_ns, ctime_ns, ino)
-    if not all(type(n) is int for n in numbers) or size < 0 or not isinstance(path, str):
+    if not (type(path) is str and type(mode) is int and type(size) is int and type(mtime_ns) is int
+            and type(ctime_ns) is int and type(ino) is int and size >= 0):
         raise TypeError(f"bad field types in {row!r}")
-    if not (oid is None or (isinstance(oid, str) and len(oid) == 40 and all(c in "0123456789abcdef" for c in oid))):
+    if oid is not None and not (type(oid) is str and _BLOB_ID(oid)):
         raise ValueError(f"bad blob id in {row!r}")
-    if not (target is None or isinstance(target, str)):
+    if not (target is None or type(target) is str):
         raise TypeError(f"bad link target in {row!r}")
     path.encode("utf-8", "surrogateescape")  # a lone surrogate outside the escape range raises
     return path, kind, mode, size, mtime_ns, ctime_ns, ino, oid, target
@@ -313,10 +380,16 @@ def unsafe_listing_path(entries: list[StatEntry], tracked: tuple[str, ...]) -> s
                 or not entry.path.startswith(roots)):
             return entry.path
         seen.add(entry.path)
+    folders: set[str] = set()  # parents already known not to be listed, nor their own parents
     for entry in entries:
-        parts = entry.path.split("/")
-        if any("/".join(parts[:depth]) in seen for depth in range(1, len(parts))):
-            return entry.path
+        parent = entry.path
+        while (cut := parent.rfind("/")) > 0:
+            parent = parent[:cut]
+            if parent in seen:
+                return entry.path
+            if parent in folders:
+                break
+            folders.add(parent)
     return None
 
 
