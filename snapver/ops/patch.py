@@ -9,7 +9,6 @@ metadata (kind "patch"); the change itself is always base tree → patch tree.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
 from snapver.store.repo import Store, blob_oid, format_message
+from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_hunks, parse_diff
 
 CHECKOUTS = ".snapver-patches"
@@ -533,7 +533,7 @@ def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
                   exclude: Iterable[str] = DEFAULT_EXCLUDE, umask: int = 0) -> tuple[Manifest, dict[str, bytes]]:
     """The tree in a checkout folder (links as links, excluded names skipped); content is
     returned only for blobs ``known`` does not hold. ``umask``: the one it was made with."""
-    patterns = list(exclude)
+    excluded = agent.exclusion(list(exclude))  # the node's own rules
     entries: dict[str, Entry] = {}
     new_content: dict[str, bytes] = {}
     known_by_path = known.entries
@@ -551,7 +551,7 @@ def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
                     child = os.path.join(rel, item.name)
                     path = os.fsdecode(child)
                     st = item.stat(follow_symlinks=False)
-                    if _excluded(os.fsdecode(item.name), path, stat.S_ISDIR(st.st_mode), patterns):
+                    if excluded(os.fsdecode(item.name), path, stat.S_ISDIR(st.st_mode)):
                         continue
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(child)
@@ -573,16 +573,6 @@ def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
                         entries[path] = entry_for(path, kind, mode, data)
                         new_content[path] = data
     return Manifest(entries), new_content
-
-
-def _excluded(name: str, path: str, is_dir: bool, patterns: list[str]) -> bool:
-    for pattern in patterns:
-        if pattern.endswith("/"):
-            if is_dir and fnmatch.fnmatchcase(name, pattern[:-1]):
-                return True
-        elif fnmatch.fnmatchcase(path if "/" in pattern else name, pattern.lstrip("/")):
-            return True
-    return False
 
 
 @dataclass

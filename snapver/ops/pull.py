@@ -285,6 +285,11 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     """Build the node's manifest; write a snapshot commit unless nothing changed."""
     assert result.listing is not None and result.transport is not None
     previous = result.parent_manifest
+    result.files = len(result.listing.entries)
+    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent
+    if previous is not None and same_tree(previous, result.listing.entries):
+        result.unchanged_since = result.parent
+        return None
     known = {e.oid: e.digest for e in previous} if previous else {}
     unknown = [e.oid for e in result.listing.entries if e.oid not in digests and e.oid not in known]
     if unknown:
@@ -295,15 +300,10 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     entries = [Entry(e.path, e.kind, e.mode, e.size, digests.get(e.oid) or known[e.oid], e.oid)
                for e in result.listing.entries]
     manifest = Manifest.of(entries)
-    result.files = len(manifest)
-    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent
-    if previous is not None:
-        result.changed = count_changes(previous, manifest)
-        if result.changed == 0:
-            result.unchanged_since = result.parent
-            return None
-    else:
-        result.changed = len(manifest)
+    result.changed = count_changes(previous, manifest) if previous is not None else len(manifest)
+    if previous is not None and result.changed == 0:
+        result.unchanged_since = result.parent
+        return None
     info = result.transport.info
     spec = result.transport.spec
     assert info is not None
@@ -320,6 +320,20 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now)
+
+
+def same_tree(manifest: Manifest, entries: list[StatEntry]) -> bool:
+    """True when a listing holds exactly the manifest's paths, each with the same kind,
+    mode and blob (so the same content): the common unchanged re-pull, decided without
+    building a new manifest."""
+    if len(entries) != len(manifest):
+        return False
+    recorded = manifest.entries
+    for entry in entries:
+        old = recorded.get(entry.path)
+        if old is None or old.oid != entry.oid or old.mode != entry.mode or old.kind != entry.kind:
+            return False
+    return True
 
 
 def count_changes(old: Manifest, new: Manifest) -> int:

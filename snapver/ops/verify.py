@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import io
 import posixpath
@@ -136,6 +137,9 @@ def parse_record(data: bytes) -> list[RecordEntry]:
     return entries
 
 
+_exclusion = functools.lru_cache(maxsize=8)(agent.exclusion)  # patterns compiled once per config
+
+
 def is_tracked(path: str, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
     """True when ``path`` lies under a tracked path and no exclude pattern drops it (as the agent walks)."""
     for root in tracked:
@@ -143,9 +147,10 @@ def is_tracked(path: str, tracked: tuple[str, ...], exclude: tuple[str, ...]) ->
             continue
         parts = path.split("/")
         depth = len(root.split("/"))
+        excluded = _exclusion(exclude)
         for index in range(depth, len(parts)):
             is_dir = index < len(parts) - 1
-            if agent.excluded(parts[index], "/".join(parts[:index + 1]), is_dir, list(exclude)):
+            if excluded(parts[index], "/".join(parts[:index + 1]), is_dir):
                 return False
         return True
     return False

@@ -11,11 +11,10 @@ import fnmatch
 import hashlib
 import json
 import os
-import socket
+import re
 import stat
 import struct
 import sys
-import sysconfig
 import time
 import zlib
 
@@ -84,20 +83,33 @@ def blob_id(data):
     return digest.hexdigest()
 
 
-def excluded(name, relpath, is_dir, patterns):
+def exclusion(patterns):
+    """A function (name, relpath, is_dir) -> excluded?, for rsync/gitignore-like patterns:
+    ``dir/`` matches folders only, a pattern with a ``/`` matches the path below
+    site-packages, any other the name. Name patterns become one regex each (fnmatch rules)."""
+
+    def one_regex(globs):
+        if not globs:
+            return lambda text: None
+        return re.compile("|".join(fnmatch.translate(glob) for glob in globs)).match
+
+    names, dir_names, paths, dir_paths = [], [], [], []
     for pattern in patterns:
-        if pattern.endswith("/"):
-            if is_dir and _match(name, relpath, pattern[:-1]):
-                return True
-        elif _match(name, relpath, pattern):
+        dir_only = pattern.endswith("/")
+        glob = pattern[:-1] if dir_only else pattern
+        if "/" in glob:
+            (dir_paths if dir_only else paths).append(glob.lstrip("/"))
+        else:
+            (dir_names if dir_only else names).append(glob)
+    name_match, dir_name_match = one_regex(names), one_regex(dir_names)
+    path_match, dir_path_match = one_regex(paths), one_regex(dir_paths)
+
+    def excluded(name, relpath, is_dir):
+        if name_match(name) or path_match(relpath):
             return True
-    return False
+        return is_dir and bool(dir_name_match(name) or dir_path_match(relpath))
 
-
-def _match(name, relpath, pattern):
-    if "/" in pattern:
-        return fnmatch.fnmatchcase(relpath, pattern.lstrip("/"))
-    return fnmatch.fnmatchcase(name, pattern)
+    return excluded
 
 
 def check_tracked_root(site, tracked):
@@ -118,7 +130,11 @@ def check_tracked_root(site, tracked):
 
 
 def site_packages_of(requested):
-    site = requested or sysconfig.get_paths()["purelib"]
+    site = requested
+    if not site:
+        import sysconfig  # only here: every import is start-up time on the node
+
+        site = sysconfig.get_paths()["purelib"]
     try:
         st = os.stat(site)
     except FileNotFoundError:
@@ -172,7 +188,7 @@ def op_hello(channel, request):
     site = site_packages_of(request.get("site_packages"))
     channel.send({
         "protocol": PROTOCOL,
-        "hostname": socket.gethostname(),
+        "hostname": os.uname().nodename,  # what socket.gethostname() returns, without importing socket
         "python_version": "%d.%d.%d" % sys.version_info[:3],
         "python": sys.executable,
         "site_packages": site,
@@ -210,6 +226,7 @@ def read_stable(full, st):
 
 def walk(site, tracked_paths, patterns):
     """Yield (relpath, stat) for every file and symlink below the tracked paths."""
+    excluded = exclusion(patterns)
     for tracked in tracked_paths:
         check_tracked_root(site, tracked)
         stack = [tracked]
@@ -226,7 +243,7 @@ def walk(site, tracked_paths, patterns):
                     rel = reldir + "/" + entry.name
                     st = entry.stat(follow_symlinks=False)
                     is_dir = stat.S_ISDIR(st.st_mode)
-                    if excluded(entry.name, rel, is_dir, patterns):
+                    if excluded(entry.name, rel, is_dir):
                         continue
                     if is_dir:
                         stack.append(rel)
