@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Iterator
 
 import blake3
 
@@ -54,6 +54,7 @@ class NodePull:
     listing: Listing | None = field(default=None, repr=False)
     parent: str | None = field(default=None, repr=False)
     parent_manifest: Manifest | None = field(default=None, repr=False)
+    prefetch: Callable[[list[str]], Iterator[tuple[str, str | None, bytes]]] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)
 
     @property
@@ -207,7 +208,12 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         cache, cache_time = load_stat_cache(store, spec.name, result.parent)
         if result.transport is None:
             result.transport = open_transport(spec).start()
+        # Every file will be fetched when the node does not hash: have it stream them right
+        # after its listing (the level first: finding it may take a request of its own).
+        level = None if hash_on_node else _compress_level(result.transport)
         listing = result.transport.request_listing(cache, cache_time, want_oids=hash_on_node)
+        if level is not None:
+            result.prefetch = result.transport.request_listed_files(level)
         # Read the last snapshot while the node starts up and lists.
         result.parent_manifest = store.manifest(result.parent) if result.parent else None
         result.listing = listing()
@@ -250,13 +256,18 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
     if not entries or not result.ok:
         return
     assert result.transport is not None and result.listing is not None
-    compress = result.transport.spec.compress
-    level = 1 if compress == "zlib" or (compress == "auto" and result.transport.ping() > COMPRESS_RTT_SECONDS) else 0
     by_path = {e.path: e for e in entries}
+    if result.prefetch is not None:  # asked for with the listing: the whole listing streams
+        stream = result.prefetch([e.path for e in result.listing.entries])
+        result.prefetch = None
+    else:
+        stream = result.transport.read_files(list(by_path), compress_level=_compress_level(result.transport))
     changed: dict[str, StatEntry | None] = {}
     try:
-        for path, kind, data in result.transport.read_files(list(by_path), compress_level=level):
-            listed = by_path[path]
+        for path, kind, data in stream:
+            listed = by_path.get(path)
+            if listed is None:
+                continue
             if kind is None:
                 changed[path] = None  # vanished since the listing
                 continue
@@ -278,6 +289,12 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
         kept = [changed.get(e.path, e) for e in result.listing.entries]
         result.listing = Listing(result.listing.now_ns, [e for e in kept if e is not None],
                                  result.listing.hashed)
+
+
+def _compress_level(transport: Transport) -> int:
+    """zlib level for a file stream: 1 when configured, or on slow links when ``auto``."""
+    compress = transport.spec.compress
+    return 1 if compress == "zlib" or (compress == "auto" and transport.round_trip() > COMPRESS_RTT_SECONDS) else 0
 
 
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],

@@ -35,6 +35,7 @@ class Channel:
     def __init__(self, rfile, wfile):
         self.rfile = rfile
         self.wfile = wfile
+        self.listed = []  # the paths of the last listing, in its order
 
     def read_exact(self, size):
         data = self.rfile.read(size)
@@ -290,6 +291,7 @@ def op_list(channel, request):
                 hashed += 1
         entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
                         st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+    channel.listed = [entry[0] for entry in entries]  # for a read of "listed" paths
     channel.send({"now_ns": now_ns, "entries": entries, "hashed": hashed})
 
 
@@ -321,8 +323,9 @@ def op_read(channel, request):
             del pending[:]
             pending_size[0] = 0
 
+    paths = channel.listed if request.get("listed") else request["paths"]
     channel.send({"ok": True})
-    for rel in request["paths"]:
+    for rel in paths:
         full = os.path.join(site, rel)
         encoded = fs(rel)
         try:

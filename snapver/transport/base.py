@@ -32,6 +32,7 @@ class RawChannel:
     stdin: IO[bytes]
     stdout: IO[bytes]
     close: Any  # () -> str: ends the process, returns what it wrote on stderr
+    rtt: float | None = None  # seconds of one round trip to the node, if opening measured it
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,25 @@ class Transport(ABC):
 
     def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
         """Stream ``(path, kind or None if it vanished, content)`` for ``paths``, in order."""
-        self.call("read", paths=paths, compress_level=compress_level)
+        reply = self.request("read", paths=paths, compress_level=compress_level)
+        return self._file_stream(reply, paths, compress_level)
+
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[
+            tuple[str, str | None, bytes]]]:
+        """Ask now for every path of the listing requested just before, so that the node
+        streams them right after its listing (a first pull saves a round trip); returns
+        ``read_files`` for those paths (``paths``: the listing's, in its order)."""
+        reply = self.request("read", listed=True, compress_level=compress_level)
+        return lambda paths: self._file_stream(reply, paths, compress_level)
+
+    def round_trip(self) -> float:
+        """Seconds one round trip to the node takes: measured when the channel opened, or now."""
+        measured = self._channel.rtt if self._channel is not None else None
+        return measured if measured is not None else self.ping()
+
+    def _file_stream(self, reply: Callable[[], dict[str, Any]], paths: list[str],
+                     compress_level: int) -> Iterator[tuple[str, str | None, bytes]]:
+        reply()
         decompressor = zlib.decompressobj() if compress_level else None
         buffer = bytearray()
         offset = 0  # consumed bytes at the front of buffer (compacted lazily)

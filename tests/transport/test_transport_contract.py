@@ -324,6 +324,27 @@ def test_read_files_streams_exact_content_in_order(connect, make_site_packages, 
     assert len(transport.list_tree().entries) == len(paths) - 2
 
 
+def test_hello_listing_and_listed_files_in_one_go(connect, make_site_packages) -> None:
+    """A first pull sends hello, list and "read what you listed" before any reply comes back."""
+    site = make_site_packages("n")
+    paths = [write_raw(site, raw(SRT) + b"/" + name, b"odd " + name) for name in ODD_NAMES[:6]]
+    os.symlink(b"nowhere", os.path.join(raw(site), raw(SRT), b"link"))
+    write_raw(site, raw(SRT) + b"/__pycache__/x.cpython-311.pyc", b"excluded")
+    transport = connect(site, open=False).start()
+    listing = transport.request_listing(want_oids=False)
+    files = transport.request_listed_files(compress_level=1)
+    entries = listing().entries
+    assert transport.info is not None and transport.info.site_packages == str(site)
+    assert sorted(e.path for e in entries) == sorted([os.fsdecode(p) for p in paths] + [f"{SRT}/link"])
+    got = list(files([e.path for e in entries]))
+    assert [path for path, _, _ in got] == [e.path for e in entries]  # the listing's order
+    for path, kind, data in got:
+        full = os.path.join(raw(site), raw(path))
+        expected = ("l", os.readlink(full)) if os.path.islink(full) else ("f", open(full, "rb").read())
+        assert (kind, data) == expected
+    assert transport.ping() < 5  # in step afterwards
+
+
 def test_abandoned_stream_ends_the_agent_cleanly(connect, make_site_packages) -> None:
     site = make_site_packages("n", files={f"{SRT}/{i}.py": os.urandom(1 << 20) for i in range(4)})
     transport = connect(site)
