@@ -7,6 +7,10 @@ get a fresh SSH channel on the held connection: no TCP, key exchange, authentica
 or ``import paramiko`` per command. The process exits after N idle seconds, or when
 its SSH connection drops.
 
+It also keeps a warm spare (see ``Spare``): when it hands out a channel for a command
+line, it opens one more channel running the same line, so the next command's process
+on the node (login shell, Python) has already started when that command asks for it.
+
 Socket protocol: the client sends one JSON line ``{"command": ...}`` then the
 command's stdin; the server answers with frames ``type (1 byte) + length (4) + data``:
 ``o`` stdout, ``e`` stderr, ``x`` exit status (decimal text), ``!`` error (text).
@@ -49,6 +53,12 @@ def socket_path(spec_fields: dict[str, Any]) -> Path:
     """One socket per distinct connection setting (host, port, user, keys, policy)."""
     key = json.dumps(spec_fields, sort_keys=True).encode()
     return mux_dir() / f"{hashlib.sha256(key).hexdigest()[:20]}.sock"
+
+
+def spec_socket_path(spec: NodeSpec) -> Path:
+    """The socket of the mux that serves ``spec``'s connection."""
+    return socket_path({k: v for k, v in dataclasses.asdict(spec).items()
+                        if k in ("host", "port", "user", "identity_file", "known_hosts", "host_key_policy")})
 
 
 # -- client side ---------------------------------------------------------------------
@@ -163,9 +173,7 @@ class MuxTransport(Transport):
         self._direct: Transport | None = None
 
     def _start(self, command: str) -> RawChannel:
-        fields = {k: v for k, v in dataclasses.asdict(self.spec).items()
-                  if k in ("host", "port", "user", "identity_file", "known_hosts", "host_key_policy")}
-        path = socket_path(fields)
+        path = spec_socket_path(self.spec)
         opened = open_channel(path, command)
         if opened is None:
             start_mux(path, dataclasses.asdict(self.spec), self.spec.control_persist, self.spec.connect_timeout)
@@ -196,27 +204,138 @@ class MuxTransport(Transport):
 
 
 # -- server side (python -m snapver.transport.mux SOCKET IDLE) ----------------------
+SPARE_MAX_AGE = 300.0  # seconds; an older spare is replaced, not handed out (see Spare)
+SPARE_WAIT = 10.0  # seconds a client waits at most for a spare still being opened
+
+
+def _open_channel(ssh_transport: Any, command: str) -> Any:
+    """A new SSH channel on the held connection, running ``command``."""
+    from snapver.transport.ssh import MAX_PACKET, WINDOW_SIZE
+
+    channel = ssh_transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET)
+    channel.exec_command(command)
+    return channel
+
+
+def _discard(channel: Any) -> None:
+    """Close a channel nobody uses: its process on the node reads end-of-file on stdin."""
+    try:
+        channel.close()
+    except Exception:  # noqa: BLE001 - the connection may already be gone, and the process with it
+        pass
+
+
+class Spare:
+    """A warm spare: one channel opened in advance for the command line last asked for.
+
+    Starting a command on a node costs more than the channel: sshd runs it through the
+    user's login shell (rc files, a pyenv shim), then Python starts. The spare has done
+    all that and sits blocked reading its stdin; the next client asking for the same
+    command line, byte for byte, gets it and just sends its input. At most one spare per
+    mux, handed to one client only (``take`` empties the slot under the lock); a client
+    that comes while the spare is still being opened waits for it (it is further along
+    than a new channel would be). A spare whose process has ended (killed, exited) is
+    closed and the client gets a fresh channel. A spare older than SPARE_MAX_AGE is
+    replaced too: its process holds the node's environment, interpreter and shell rc of
+    the moment it started, and a reinstalled Python or a changed pyenv version should be
+    seen within minutes. (Each hand-out opens a new spare, so with control_persist <=
+    SPARE_MAX_AGE the age limit never fires: the mux exits first.)
+    """
+
+    def __init__(self, ssh_transport: Any) -> None:
+        self.ssh = ssh_transport
+        self.ready = threading.Condition()
+        self.channel: Any = None
+        self.command = ""  # the command line of the spare held or being opened
+        self.born = 0.0
+        self.filling = False
+        self.closed = False
+
+    def take(self, command: str) -> Any:
+        """The spare's channel if it runs exactly ``command`` and still lives, else None."""
+        with self.ready:
+            if self.command == command:
+                self.ready.wait_for(lambda: not self.filling, timeout=SPARE_WAIT)
+            channel, self.channel = self.channel, None
+            fits = self.command == command and time.monotonic() - self.born < SPARE_MAX_AGE
+        if channel is None:
+            return None
+        if not fits or channel.exit_status_ready() or channel.eof_received:
+            _discard(channel)
+            return None
+        return channel
+
+    def fill(self, command: str) -> None:
+        """Open the spare for ``command`` unless one is there or being opened."""
+        with self.ready:
+            if self.closed or self.filling or self.channel is not None:
+                return
+            self.filling, self.command = True, command
+        channel = None
+        try:
+            channel = _open_channel(self.ssh, command)
+        except Exception:  # noqa: BLE001 - no spare then; the next client's own channel reports the trouble
+            pass
+        with self.ready:
+            self.filling = False
+            if channel is not None and not self.closed:
+                self.channel, self.born = channel, time.monotonic()
+                channel = None
+            self.ready.notify_all()
+        if channel is not None:
+            _discard(channel)
+
+    def close(self) -> None:
+        """No more spares: close the one there (its node process ends)."""
+        with self.ready:
+            self.closed = True
+            channel, self.channel = self.channel, None
+        if channel is not None:
+            _discard(channel)
+
+
+class _State:
+    """What the serving threads share: the connection, the spare, the clients being served."""
+
+    def __init__(self, ssh_transport: Any) -> None:
+        self.ssh = ssh_transport
+        self.spare = Spare(ssh_transport)
+        self.lock = threading.Lock()
+        self.active = 0
+        self.last = time.monotonic()
+        self.broken = False
+
+    def count(self, step: int) -> None:
+        with self.lock:
+            self.active += step
+            self.last = time.monotonic()
+
+    def idle_for(self) -> float:
+        with self.lock:
+            return 0.0 if self.active else time.monotonic() - self.last
+
+
 def _send(sock: socket.socket, lock: threading.Lock, kind: bytes, data: bytes) -> None:
     with lock:
         sock.sendall(kind + struct.pack(">I", len(data)) + data)
 
 
-def _serve_client(client: socket.socket, ssh_transport: Any, state: dict[str, Any]) -> None:
-    from snapver.transport.ssh import MAX_PACKET, WINDOW_SIZE
-
+def _serve_client(client: socket.socket, state: _State) -> None:
     lock = threading.Lock()
-    state["active"] += 1
+    state.count(+1)
     try:
         reader = client.makefile("rb")
-        request = json.loads(reader.readline())
-        try:
-            channel = ssh_transport.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET)
-            channel.exec_command(request["command"])
-        except Exception as exc:  # noqa: BLE001 - reported to the client, then we quit
-            _send(client, lock, b"!", f"cannot open a channel: {exc}".encode())
-            state["broken"] = True
-            return
+        command = json.loads(reader.readline())["command"]
+        channel = state.spare.take(command)
+        if channel is None:
+            try:
+                channel = _open_channel(state.ssh, command)
+            except Exception as exc:  # noqa: BLE001 - reported to the client, then we quit
+                _send(client, lock, b"!", f"cannot open a channel: {exc}".encode())
+                state.broken = True
+                return
         _send(client, lock, b"o", b"")  # channel is open
+        threading.Thread(target=state.spare.fill, args=(command,), daemon=True).start()
 
         def pump_in() -> None:
             try:
@@ -244,8 +363,7 @@ def _serve_client(client: socket.socket, ssh_transport: Any, state: dict[str, An
         channel.close()
     finally:
         client.close()
-        state["active"] -= 1
-        state["last"] = time.monotonic()
+        state.count(-1)
 
 
 def serve(path: Path, idle_seconds: float) -> int:
@@ -268,16 +386,16 @@ def serve(path: Path, idle_seconds: float) -> int:
     server.settimeout(0.5)
     print("ok", flush=True)
     sys.stdout.close()
-    state: dict[str, Any] = {"active": 0, "last": time.monotonic(), "broken": False}
+    state = _State(connection.transport)
     try:
-        while not state["broken"] and connection.transport.is_active():
+        while not state.broken and connection.transport.is_active():
             try:
                 client, _ = server.accept()
             except socket.timeout:
-                if state["active"] == 0 and time.monotonic() - state["last"] > idle_seconds:
+                if state.idle_for() > idle_seconds:
                     break
                 continue
-            threading.Thread(target=_serve_client, args=(client, connection.transport, state), daemon=True).start()
+            threading.Thread(target=_serve_client, args=(client, state), daemon=True).start()
     finally:
         try:
             if os.stat(path).st_ino == path_inode:  # still ours, not a newer mux's
@@ -285,6 +403,7 @@ def serve(path: Path, idle_seconds: float) -> int:
         except OSError:
             pass
         server.close()
+        state.spare.close()
         connection.close()
     return 0
 
