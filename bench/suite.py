@@ -32,7 +32,6 @@ the command and the children it waited for (os.wait4), client side only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -188,14 +187,10 @@ class Suite:
     def stop_muxes(self) -> None:
         """End the persistent-connection processes our persist.snapver configs started (by their socket)."""
         from snapver.config import load_config
-        from snapver.transport.mux import socket_path
+        from snapver.transport.mux import spec_socket_path
 
-        ours = set()
-        for network in self.networks.values():
-            for spec in load_config(str(network.persist_config)).nodes.values():
-                fields = {k: v for k, v in dataclasses.asdict(spec).items()
-                          if k in ("host", "port", "user", "identity_file", "known_hosts", "host_key_policy")}
-                ours.add(str(socket_path(fields)))
+        ours = {str(spec_socket_path(spec)) for network in self.networks.values()
+                for spec in load_config(str(network.persist_config)).nodes.values()}
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
