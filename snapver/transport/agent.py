@@ -257,20 +257,25 @@ def op_list(channel, request):
 
     A file whose stat matches the client's cache keeps its cached blob id unless its
     times are too close to when that cache was made to be trusted (git's racy check).
+    With ``delta``, rows exactly equal to the cache are not sent, only counted
+    (``same``), and cached paths no longer there are named (``gone``).
     """
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
     racy_after = int(request.get("cache_time_ns") or 0) - 2 * 10**9
     want_oids = request.get("oids", True)
+    delta = bool(request.get("delta"))
     now_ns = time.time_ns()
     entries = []
+    listed = []
+    same = 0
     hashed = 0
     for rel, st in walk(site, request["paths"], request.get("exclude") or []):
-        full = os.path.join(site, rel)
         target = None
         oid = None
+        cached = None
         if stat.S_ISLNK(st.st_mode):
-            target = os.fsdecode(os.readlink(full))
+            target = os.fsdecode(os.readlink(os.path.join(site, rel)))
             oid = blob_id(fs(target))
             size = len(fs(target))
         else:
@@ -281,18 +286,28 @@ def op_list(channel, request):
                 oid = cached[5]
             elif want_oids:
                 try:
-                    data, st = read_stable(full, st)
+                    data, st = read_stable(os.path.join(site, rel), st)
                 except FileNotFoundError:
                     continue
                 except PermissionError:
-                    raise AgentError("%s: permission denied" % full, "path")
+                    raise AgentError("%s: permission denied" % os.path.join(site, rel), "path")
                 oid = blob_id(data)
                 size = len(data)
                 hashed += 1
-        entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
-                        st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
-    channel.listed = [entry[0] for entry in entries]  # for a read of "listed" paths
-    channel.send({"now_ns": now_ns, "entries": entries, "hashed": hashed})
+        listed.append(rel)
+        row = [rel, "l" if target is not None else "f", st.st_mode, size,
+               st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target]
+        if delta and cached and cached == [size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, oid]:
+            same += 1
+        else:
+            entries.append(row)
+    channel.listed = listed  # for a read of "listed" paths
+    reply = {"now_ns": now_ns, "entries": entries, "hashed": hashed}
+    if delta:
+        present = set(listed)
+        reply["same"] = same
+        reply["gone"] = [path for path in cache if path not in present]
+    channel.send(reply)
 
 
 def op_read(channel, request):

@@ -262,15 +262,23 @@ class Transport(ABC):
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
                         want_oids: bool = True) -> Callable[[], Listing]:
         """``list_tree`` in two steps: ask now, and get a function that waits for the listing."""
-        wire_cache = {path: [*entry.stat_key[:4], entry.mode, entry.oid]
-                      for path, entry in (cache or {}).items() if entry.kind == FILE}
+        files = {path: entry for path, entry in (cache or {}).items() if entry.kind == FILE}
+        wire_cache = {path: [*entry.stat_key[:4], entry.mode, entry.oid] for path, entry in files.items()}
+        # delta: the node sends only rows that differ from the cache (an unchanged tree: none).
         reply = self.request("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
-                             cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids)
-        return lambda: self._checked_listing(reply())
+                             cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids, delta=bool(files))
+        return lambda: self._checked_listing(reply(), files)
 
-    def _checked_listing(self, reply: dict[str, Any]) -> Listing:
+    def _checked_listing(self, reply: dict[str, Any], cache: dict[str, StatEntry]) -> Listing:
         try:
             entries = [StatEntry(*_checked_row(row)) for row in reply["entries"]]
+            if cache:  # a delta: the rows not sent are the cache's, less what is gone
+                sent = {entry.path for entry in entries}
+                gone = set(reply["gone"])
+                same = [entry for path, entry in cache.items() if path not in sent and path not in gone]
+                if len(same) != reply["same"]:
+                    raise ValueError(f"{reply['same']} rows said unchanged, {len(same)} left in the cache")
+                entries += same
             listing = Listing(int(reply["now_ns"]), entries, int(reply["hashed"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise TransportError(f"{self.spec.name}: malformed listing from the agent: {exc}") from None

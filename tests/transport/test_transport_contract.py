@@ -264,6 +264,36 @@ def test_list_several_tracked_paths(connect, make_site_packages) -> None:
     assert set(got) == {b"sglang/srt/a.py", b"sglang/lang/b.py"}
 
 
+def test_listing_against_a_cache_sends_only_what_differs(connect, make_site_packages) -> None:
+    """With a cache the node sends only rows that differ from it; the listing the client
+    rebuilds equals a full listing, whatever changed: edits, new, gone, file to link."""
+    site = make_site_packages("n", files={f"{SRT}/{i}.py": f"file {i}\n" for i in range(200)})
+    transport = connect(site)
+    first = transport.list_tree()
+    later = first.now_ns + 10 * 10**9
+    before = transport.bytes_received
+    unchanged = transport.list_tree(first.by_path(), later)
+    delta_bytes = transport.bytes_received - before
+    assert unchanged.by_path() == first.by_path() and unchanged.hashed == 0
+    before = transport.bytes_received
+    transport.list_tree()
+    assert delta_bytes * 20 < transport.bytes_received - before  # 200 rows vs none
+
+    (site / SRT / "1.py").write_text("FILE 1\n")  # same size
+    (site / SRT / "2.py").unlink()
+    (site / SRT / "3.py").unlink()
+    os.symlink("4.py", site / SRT / "3.py")
+    (site / SRT / "new.py").write_text("new\n")
+    (site / SRT / "__pycache__").mkdir()
+    (site / SRT / "__pycache__" / "x.pyc").write_text("excluded")
+    rebuilt = transport.list_tree(first.by_path(), later)
+    full = transport.list_tree()
+    assert rebuilt.by_path() == full.by_path()
+    assert {e.path for e in rebuilt.entries} == {e.path for e in first.entries} - {f"{SRT}/2.py"} | {f"{SRT}/new.py"}
+    assert rebuilt.by_path()[f"{SRT}/3.py"].kind == "l"
+    assert rebuilt.hashed == 2  # 1.py and new.py
+
+
 def test_stat_cache_skips_hashing_but_catches_same_size_same_mtime_changes(connect, make_site_packages) -> None:
     site = make_site_packages("n", files={f"{SRT}/{i}.py": f"file {i}\n" for i in range(20)})
     transport = connect(site)
