@@ -152,7 +152,7 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Option
     edges; every cell (the last too) padded to its column's width.
     """
     cells = [[plain_text(cell) for cell in row] for row in [tuple(columns), *rows]]
-    if any(len(row) != len(columns) for row in cells):
+    if not columns or any(len(row) != len(columns) for row in cells):
         return None
     for row in cells:  # one short line of one-cell-wide characters a cell, or rich decides
         for cell in row:
