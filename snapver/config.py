@@ -5,17 +5,14 @@ from __future__ import annotations
 import math
 import os
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from snapver.errors import ConfigError, UsageError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# tomllib (~5 ms to import) and sysconfig are imported where they are needed: a command
+# reads either a file or the embedded default, never both.
 
 CONFIG_NAME = ".snapver"
 ENV_CONFIG = "SNAPVER_CONFIG"
@@ -135,6 +132,10 @@ def load_config(explicit: str | None = None, cwd: Path | None = None) -> Config:
     path = find_config_path(explicit, cwd)
     if path is None:
         return default_config(cwd or Path.cwd())
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -148,6 +149,8 @@ def load_config(explicit: str | None = None, cwd: Path | None = None) -> Config:
 
 def default_config(cwd: Path) -> Config:
     """The embedded default: this Python's site-packages as node `local`, store `./snapshots`."""
+    import sysconfig
+
     site_packages = sysconfig.get_paths()["purelib"]
     node = NodeSpec(name="local", local=True, site_packages=site_packages, python=sys.executable)
     return Config(path=None, store_path=cwd / "snapshots", nodes={"local": node})

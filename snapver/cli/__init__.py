@@ -14,16 +14,8 @@ from typer._click import ClickException
 from snapver.cli.app import STATE, app
 from snapver.errors import SnapverError
 
-import importlib
-import pkgutil
-
-# Every other module in this package registers its commands on ``app`` when imported;
-# operations are imported inside the commands, so `--help` stays fast.
-_NOT_COMMANDS = {"app", "render", "options"}
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _module not in _NOT_COMMANDS:
-        importlib.import_module(f"{__name__}.{_module}")
-
+# The modules that register commands on ``app`` are imported when their command is asked
+# for (see COMMANDS in cli/app.py); operations are imported inside the commands.
 
 
 def _stdout_closed() -> bool:

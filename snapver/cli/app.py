@@ -8,14 +8,69 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from snapver import __version__
 
 if TYPE_CHECKING:
+    from typer._click import Command
+
     from snapver.config import Config
     from snapver.store.repo import Store
 
+# Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
+# them. Running a command imports its module only; `--help` (and an unknown name) imports
+# them all. A module missing here still works (found by `load_commands()`), only not lazily.
+COMMANDS = {
+    "diff": "diff", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
+    "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
+    "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
+}
+# Modules of snapver/cli/ that register no command.
+NOT_COMMANDS = {"app", "render", "options"}
+
+
+def load_commands(module: str | None = None) -> None:
+    """Import one command module (it registers on ``app``), or with None every one of them."""
+    # __import__, not importlib.import_module: `python -X importtime` shows only the former.
+    if module is not None:
+        __import__(f"{__package__}.{module}")
+        return
+    import pkgutil
+
+    from snapver import cli
+
+    for name in sorted(m.name for m in pkgutil.iter_modules(cli.__path__)):
+        if name not in NOT_COMMANDS:
+            __import__(f"{__package__}.{name}")
+
+
+class LazyGroup(TyperGroup):
+    """The root command: builds a subcommand the first time it is asked for."""
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Optional[Command]:
+        if cmd_name not in self.commands:
+            load_commands(COMMANDS.get(cmd_name))
+            self._refresh()
+            if cmd_name in COMMANDS and cmd_name not in self.commands:  # the table is stale
+                load_commands()
+                self._refresh()
+        return self.commands.get(cmd_name)
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        load_commands()
+        self._refresh()
+        return list(self.commands)
+
+    def _refresh(self) -> None:
+        """Build what is registered by now, listed in the order of COMMANDS (not of import)."""
+        built = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+        order = [name for name in COMMANDS if name in built] + [name for name in built if name not in COMMANDS]
+        self.commands = {name: built[name] for name in order}
+
+
 app = typer.Typer(
+    cls=LazyGroup,
     name="snapver",
     help="Snapshots of the code deployed on GPU nodes, in git: pull, diff, patch, push, roll back.",
     no_args_is_help=True,

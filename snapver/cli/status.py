@@ -7,7 +7,7 @@ from typing import Any, List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error
+from snapver.cli.render import console, emit_json, escape, print_error, print_table
 
 
 @app.command()
@@ -33,17 +33,11 @@ def status(
 
 
 def render_status(result: Any) -> None:
-    from rich.table import Table
-
     out = console()
-    table = Table(box=None, pad_edge=False)
-    for column in ("node", "reachable", "snapshot", "drift", "distribution", "patches"):
-        table.add_column(column)
-    for row in result.nodes:
-        table.add_row(escape(row.node), _reachable(row), _snapshot(row), _drift(row), escape(row.dist or "-"),
-                      escape(", ".join(p.name if p.applied else f"{p.name} ({p.matched}/{p.total})"
-                                       for p in row.patches) or "-"))
-    out.print(table)
+    print_table(out, ("node", "reachable", "snapshot", "drift", "distribution", "patches"), [
+        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), escape(row.dist or "-"),
+         escape(", ".join(p.name if p.applied else f"{p.name} ({p.matched}/{p.total})" for p in row.patches) or "-"))
+        for row in result.nodes])
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)

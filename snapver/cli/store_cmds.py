@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, human_bytes
+from snapver.cli.render import console, emit_json, escape, human_bytes, print_table
 
 
 @app.command()
@@ -33,8 +33,6 @@ def nodes(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """List nodes and groups; --check connects to each."""
-    from rich.table import Table
-
     from snapver.ops.nodes import list_nodes
 
     config = STATE.config()
@@ -45,19 +43,13 @@ def nodes(
                    "groups": {name: list(members) for name, members in config.groups.items()},
                    "exit_code": code})
         return code
-    table = Table(box=None, pad_edge=False)
-    for column in ("node", "address") + (("reachable", "python", "site-packages", "distribution")
-                                         if check else ("site-packages",)):
-        table.add_column(column)
-    for c in checks:
-        if check:
-            table.add_row(escape(c.node), escape(c.address),
-                          "[green]yes[/green]" if c.reachable else "[red]no[/red]",
-                          escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists))
-        else:
-            table.add_row(escape(c.node), escape(c.address), escape(c.site_packages))
+    columns = ("node", "address") + (("reachable", "python", "site-packages", "distribution")
+                                      if check else ("site-packages",))
+    rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
+             escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists)) if check else
+            (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]
     out = console()
-    out.print(table)
+    print_table(out, columns, rows)
     for name, members in config.groups.items():
         out.print(f"group {escape(name)}: {escape(', '.join(members))}")
     for c in checks:
