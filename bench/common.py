@@ -227,6 +227,9 @@ def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None) ->
     node_addresses = dict(fixtures.NODE_ADDRESSES if addresses is None else addresses)
     if not os.access(fixtures.SSHD_BINARY, os.X_OK):
         raise SystemExit(f"{fixtures.SSHD_BINARY} is missing: run `bash scripts/test.sh` once to install it")
+    # Byte-compile snapver as `pip install` does: with PYTHONDONTWRITEBYTECODE set (as on
+    # these machines) every timed command would otherwise compile its modules from source.
+    run([sys.executable, "-m", "compileall", "-q", str(REPO_ROOT / "snapver")])
     scratch = Path(tempfile.mkdtemp(prefix="snapver-bench-"))
     processes: list[subprocess.Popen[bytes]] = []
     try:
