@@ -62,6 +62,9 @@ class Store:
         self._repo: Any = None
         self._cat: subprocess.Popen[bytes] | None = None
         self._cat_lock = threading.Lock()
+        # Objects seen in the repository. Git removes none a ref reaches, and compaction
+        # keeps the others (repack -k): a second question about them needs no git process.
+        self._present: set[str] = set()
 
     @property
     def repo(self) -> Any:
@@ -146,10 +149,12 @@ class Store:
         return result.stdout
 
     def existing(self, oids: Iterable[str]) -> set[str]:
-        """Those of ``oids`` whose object is in the store (one batched call)."""
-        wanted = sorted(set(oids))
+        """Those of ``oids`` whose object is in the store (one batched call for those not seen yet)."""
+        asked = set(oids)
+        known = asked & self._present
+        wanted = sorted(asked - known)
         if not wanted:
-            return set()
+            return known
         out = self.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                        input="".join(f"{oid}\n" for oid in wanted).encode())
         found = set()
@@ -157,7 +162,8 @@ class Store:
             name, _, kind = line.partition(" ")
             if kind and kind != "missing":
                 found.add(name)
-        return found
+        self._present |= found
+        return known | found
 
     def read_blob(self, oid: str) -> bytes:
         """One object's content (``oid`` or ``rev:path``), through one persistent ``cat-file --batch``.
@@ -221,7 +227,10 @@ class Store:
         """The commit a full ref name points to, or None."""
         out = subprocess.run(["git", "--git-dir", str(self.path), "rev-parse", "-q", "--verify",
                               name + "^{commit}"], capture_output=True)
-        return out.stdout.decode().strip() or None if out.returncode == 0 else None
+        commit = out.stdout.decode().strip() if out.returncode == 0 else ""
+        if commit:
+            self._present.add(commit)
+        return commit or None
 
     def refs(self, prefix: str) -> dict[str, str]:
         """``{name below prefix: commit}`` for every ref under ``prefix``."""
@@ -331,22 +340,21 @@ ZERO_OID = "0" * 40
 
 
 class Importer:
-    """Writes a session's new objects into one pack (``store/pack.py``), then moves its refs.
+    """Writes a session's new objects into a pack (``store/pack.py``), then moves its refs.
 
     Blobs go into the pack as they come; ``finish`` adds each queued commit's trees, its
-    manifest blob and the commit itself, completes the pack, and moves every ref in one
-    ``git update-ref --stdin`` transaction. Nothing is visible until then: the pack's
+    manifest blob and the commit itself (into a second, small pack when the blob count
+    was promised: ``expect``), completes the packs, and moves every ref in one
+    ``git update-ref --stdin`` transaction. Nothing is visible until then: a pack's
     index is renamed into place only once the pack is complete and on disk, and no ref
     moves unless every object its commit reaches is in the store. A write that dies
-    leaves at most a temporary pack file, never a ref to missing objects.
+    leaves at most temporary pack files, never a ref to missing objects.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._written: set[str] = set()
-        # A store with no objects yet (a first pull) has nothing to look up in finish().
-        self._store_was_empty = _holds_no_objects(store.path / "objects")
         self._pack = PackWriter(store.path / "objects")
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
         self.results: dict[int, str] = {}
@@ -355,6 +363,16 @@ class Importer:
     def has(self, oid: str) -> bool:
         with self._lock:
             return oid in self._written
+
+    def expect(self, blobs: int) -> None:
+        """Say, before the first ``add_blob``, how many blobs are coming (at most).
+
+        The pack's checksum is then computed as the blobs are written, not by reading the
+        whole pack back in ``finish``; the trees and commits fill the count up, and what
+        does not fit goes into a second, small pack.
+        """
+        with self._lock:
+            self._pack.promise(blobs)
 
     def add_blob(self, data: bytes, oid: str | None = None) -> str:
         """Write a blob (once per content) and return its git id."""
@@ -391,15 +409,29 @@ class Importer:
         if self._broken is not None:
             self._pack.abort()
             raise self._broken
+        packs = [self._pack]
         try:
-            moves = self._write_commits()
-            if self._pack.finish() is not None:
-                record_raw_bytes(self.store.path, self._pack.size)
+            moves, fresh = self._commit_objects()
+            room = self._pack.room
+            if room is not None and len(fresh) > room:  # what the promised count has no room for
+                packs.append(PackWriter(self.store.path / "objects", promised=len(fresh) - room))
+            else:
+                room = len(fresh)
+            with self._lock:
+                for oid, kind, body in fresh[:room]:
+                    self._add(oid, body, kind)
+            for oid, kind, body in fresh[room:]:
+                packs[1].add(oid, body, kind)
+            for pack in packs:
+                if pack.finish() is not None:
+                    record_raw_bytes(self.store.path, pack.size)
         except OSError as exc:
-            self._pack.abort()
+            for pack in packs:
+                pack.abort()
             raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
         except BaseException:
-            self._pack.abort()
+            for pack in packs:
+                pack.abort()
             raise
         if moves:
             self._move_refs(moves)
@@ -409,13 +441,14 @@ class Importer:
         """Drop everything written: no pack, no ref moves."""
         self._pack.abort()
 
-    def _write_commits(self) -> dict[str, tuple[str, str | None]]:
-        """Add every queued commit and the trees and manifests it needs; ``{ref: (commit, parent)}``.
+    def _commit_objects(self) -> tuple[dict[str, tuple[str, str | None]], list[tuple[str, int, bytes]]]:
+        """Every queued commit with the trees and manifest blobs it needs.
 
-        Raises StoreError (nothing visible yet) if a commit would name a blob or parent
-        the store does not have.
+        Returns ``{ref: (commit, parent)}`` and the objects this session has not written
+        yet, as (id, type, content). StoreError (nothing is visible yet) if a commit would
+        name a blob or parent the store does not have.
         """
-        objects: dict[str, tuple[int, bytes]] = {}  # oid -> (type, content), this session's new ones
+        objects: dict[str, tuple[int, bytes]] = {}  # oid -> (type, content) of trees, manifests, commits
         needed: set[str] = set()  # what the commits name that must already be in the store
         roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
         moves: dict[str, tuple[str, str | None]] = {}
@@ -445,18 +478,15 @@ class Importer:
             self.results[mark] = commit
             moves[ref] = (commit, parent)
         with self._lock:
-            needed -= self._written
+            needed -= self._written | objects.keys()
+            # Trees already in the store are written again (git keeps either copy; compaction
+            # drops one): asking would cost a git process, writing them ~1 ms.
             fresh = [oid for oid in objects if oid not in self._written]
-        found = set() if self._store_was_empty else self.store.existing([*needed, *fresh])
-        missing = sorted(needed - found - objects.keys())
+        missing = sorted(needed - self.store.existing(needed))  # usually all seen already: no git process
         if missing:
             raise StoreError(f"a snapshot would name {len(missing)} object(s) the store lacks, e.g. {missing[0]}",
                              hint="nothing was recorded; run the command again")
-        with self._lock:
-            for oid in fresh:
-                if oid not in found:
-                    self._add(oid, objects[oid][1], objects[oid][0])
-        return moves
+        return moves, [(oid, *objects[oid]) for oid in fresh]
 
     def _move_refs(self, moves: dict[str, tuple[str, str | None]]) -> None:
         """Move every ref to its new commit at once (all or none).
@@ -498,16 +528,6 @@ class Importer:
     def _contains(self, commit: str, ancestor: str) -> bool:
         return subprocess.run(["git", "--git-dir", str(self.store.path), "merge-base", "--is-ancestor",
                                ancestor, commit], capture_output=True).returncode == 0
-
-
-def _holds_no_objects(objects_dir: Path) -> bool:
-    """True when a store has no object at all: no pack index, no loose object, no alternates."""
-    try:
-        if (objects_dir / "info" / "alternates").exists() or any((objects_dir / "pack").glob("*.idx")):
-            return False
-        return not any(len(entry.name) == 2 for entry in os.scandir(objects_dir))
-    except OSError:
-        return False
 
 
 def _is_hex_oid(text: str) -> bool:
