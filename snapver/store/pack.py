@@ -238,15 +238,12 @@ class PackWriter:
 
 
 def _file_sha1(fd: int, length: int) -> bytes:
-    """SHA-1 of the first ``length`` bytes of a file, read through a mapping (no copies)."""
+    """SHA-1 of the first ``length`` bytes of a file, read through mappings (no copies), one
+    window at a time: mapped pages count as this process's memory while they are mapped."""
     digest = hashlib.sha1(usedforsecurity=False)
-    with mmap.mmap(fd, length, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            for start in range(0, length, HASH_CHUNK):
-                digest.update(view[start:start + HASH_CHUNK])
-        finally:
-            view.release()
+    for start in range(0, length, HASH_CHUNK):
+        with mmap.mmap(fd, min(HASH_CHUNK, length - start), access=mmap.ACCESS_READ, offset=start) as window:
+            digest.update(window)
     return digest.digest()
 
 
