@@ -1,25 +1,42 @@
-"""A streaming writer of git packfiles (v2 pack + v2 index) for new blobs.
+"""A streaming writer of git packfiles (v2 pack + v2 index) for new objects.
 
 Why not ``git fast-import`` or loose objects: on small cores fast-import spends ~2 s
 hashing and compressing the 84 MB sglang tree on one thread, and 2,600 loose objects
 cost ~1 s of syscalls. One sequential pack with stored (level-0) zlib streams is
 written at memory speed; ``git gc`` compresses it later, off the pull's path.
 
+Each record's zlib stream is made of stored deflate blocks written straight from the
+caller's buffer (no compressed copy), and the kernel is asked to start writing the pack
+out as it grows, so the ``fsync`` that ends it has little left to wait for.
+
 A pack becomes visible to git only when its ``.idx`` is renamed into place, after the
-``.pack`` is complete; an interrupted writer leaves only a ``tmp_pack_*`` file.
+``.pack`` is complete and on disk; an interrupted writer leaves only a ``tmp_pack_*`` file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 import zlib
 from pathlib import Path
 
-BLOB_TYPE = 3
-LEVEL = 0  # stored deflate: see the module docstring
+COMMIT_TYPE, TREE_TYPE, BLOB_TYPE = 1, 2, 3
+TYPE_NAMES = {COMMIT_TYPE: b"commit", TREE_TYPE: b"tree", BLOB_TYPE: b"blob"}
 TEMP_PREFIX = "tmp_pack_snapver_"
+ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KiB window, "fastest" level; (0x7801 % 31 == 0)
+STORED_BLOCK = 0xFFFF  # the most a stored deflate block holds
+BUFFER = 1 << 16
+WRITEBACK_EVERY = 8 << 20  # bytes written between two requests to start writing back
+HASH_CHUNK = 8 << 20
+
+
+def object_id(kind: int, data: bytes | bytearray | memoryview) -> bytes:
+    """The binary git id of an object of type ``kind`` holding ``data``."""
+    digest = hashlib.sha1(b"%s %d\0" % (TYPE_NAMES[kind], len(data)), usedforsecurity=False)
+    digest.update(data)
+    return digest.digest()
 
 
 def remove_dead_writers_packs(pack_dir: Path) -> None:
@@ -66,18 +83,71 @@ def _object_header(kind: int, size: int) -> bytes:
     return bytes(out)
 
 
-class PackWriter:
-    """Append blobs to a new pack; ``finish`` writes the index and makes it visible."""
+def stored_zlib(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
+    """``data`` as a zlib stream of stored (uncompressed) deflate blocks, in pieces.
 
-    def __init__(self, objects_dir: Path) -> None:
+    What ``zlib.compress(data, 0)`` returns, without copying ``data``: the 2-byte zlib
+    header, one 5-byte header per block of at most 65,535 bytes (the last one marked
+    final; an empty ``data`` is one empty final block), the data, and the adler32.
+    """
+    view = memoryview(data).cast("B")
+    size = len(view)
+    pieces: list[bytes | memoryview] = [ZLIB_HEADER]
+    start = 0
+    while True:
+        length = min(STORED_BLOCK, size - start)
+        final = start + length >= size
+        pieces.append(struct.pack("<BHH", final, length, length ^ 0xFFFF))
+        if length:
+            pieces.append(view[start:start + length])
+        if final:
+            break
+        start += length
+    pieces.append(struct.pack(">I", zlib.adler32(view)))
+    return pieces
+
+
+def _writeback_starter():
+    """``sync_file_range(fd, offset, 0, SYNC_FILE_RANGE_WRITE)``: start writing a file's
+    pages out without waiting (git does the same for ``core.fsyncMethod=batch``).
+    None where the C library has no such call; the final ``fsync`` is what guarantees."""
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return lambda fd, offset: call(fd, offset, 0, 2)
+
+
+_start_writeback = _writeback_starter()
+
+
+class PackWriter:
+    """Append objects to a new pack; ``finish`` writes the index and makes it visible.
+
+    The pack's checksum covers its header, which holds the object count. When the count
+    is promised before the first object (``promise``), the checksum is computed as the
+    objects are written; otherwise, or if the promise is not kept, ``finish`` reads the
+    whole pack back to compute it.
+    """
+
+    def __init__(self, objects_dir: Path, promised: int | None = None) -> None:
         self.pack_dir = objects_dir / "pack"
         self.pack_dir.mkdir(parents=True, exist_ok=True)
         remove_dead_writers_packs(self.pack_dir)
         self.tmp_path = self.pack_dir / f"{TEMP_PREFIX}{os.getpid()}_{id(self):x}"
-        self._file = open(self.tmp_path, "wb")
-        self._file.write(b"PACK" + struct.pack(">II", 2, 0))  # count fixed in finish()
-        self._offset = 12
+        self._tmp_idx = self.pack_dir / f"{self.tmp_path.name}_idx"
+        self._file = open(self.tmp_path, "w+b", buffering=BUFFER)  # read back in finish()
+        self._written_back = 0
         self._entries: list[tuple[bytes, int, int]] = []  # (binary oid, crc32, offset)
+        self.promised: int | None = None
+        self._digest = None
+        self._write_header(0)  # count fixed in finish(), unless promised
+        if promised is not None:
+            self.promise(promised)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -87,46 +157,94 @@ class PackWriter:
         """Bytes written so far."""
         return self._offset
 
-    def add(self, oid: str, data: bytes) -> None:
-        """Append one blob whose git id is ``oid`` (the caller has checked it)."""
-        record = _object_header(BLOB_TYPE, len(data)) + zlib.compress(data, LEVEL)
-        self._file.write(record)
-        self._entries.append((bytes.fromhex(oid), zlib.crc32(record), self._offset))
-        self._offset += len(record)
+    def promise(self, count: int) -> None:
+        """Say, before the first object, how many objects the pack will hold."""
+        if self._entries:
+            raise ValueError("promise the count before the first object")
+        self.promised = count
+        self._file.seek(0)
+        self._write_header(count)
+        self._digest = hashlib.sha1(b"PACK" + struct.pack(">II", 2, count), usedforsecurity=False)
+
+    @property
+    def room(self) -> int | None:
+        """How many more objects keep the promise (None without one, or once it is broken)."""
+        if self.promised is None or len(self._entries) > self.promised:
+            return None
+        return self.promised - len(self._entries)
+
+    def _write_header(self, count: int) -> None:
+        self._file.write(b"PACK" + struct.pack(">II", 2, count))
+        self._offset = 12
+
+    def add(self, oid: str | bytes, data: bytes | bytearray | memoryview, kind: int = BLOB_TYPE) -> None:
+        """Append one object whose git id is ``oid`` (hex or binary; the caller has checked it)."""
+        pieces = [_object_header(kind, len(data)), *stored_zlib(data)]
+        crc = 0
+        length = 0
+        for piece in pieces:
+            crc = zlib.crc32(piece, crc)
+            self._file.write(piece)
+            if self._digest is not None:
+                self._digest.update(piece)
+            length += len(piece)
+        self._entries.append((oid if isinstance(oid, bytes) else bytes.fromhex(oid), crc, self._offset))
+        self._offset += length
+        if _start_writeback is not None and self._offset - self._written_back >= WRITEBACK_EVERY:
+            self._file.flush()
+            _start_writeback(self._file.fileno(), self._written_back)
+            self._written_back = self._offset
 
     def abort(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()  # flushes what the buffer holds: may fail as the write did (disk full)
+        except OSError:
+            pass
         self.tmp_path.unlink(missing_ok=True)
+        self._tmp_idx.unlink(missing_ok=True)
 
     def finish(self) -> Path | None:
         """Complete the pack and its index; returns the pack path (None if empty)."""
         if not self._entries:
             self.abort()
             return None
-        self._file.seek(8)
-        self._file.write(struct.pack(">I", len(self._entries)))
+        if self._digest is not None and self.promised == len(self._entries):
+            pack_sha = self._digest.digest()
+        else:
+            self._file.seek(8)
+            self._file.write(struct.pack(">I", len(self._entries)))
+            self._file.flush()
+            pack_sha = _file_sha1(self._file.fileno(), self._offset)
+            self._file.seek(self._offset)
+        self._file.write(pack_sha)
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
-        digest = hashlib.sha1(usedforsecurity=False)
-        with open(self.tmp_path, "r+b") as handle:
-            while chunk := handle.read(1 << 22):
-                digest.update(chunk)
-            pack_sha = digest.digest()
-            handle.write(pack_sha)
-            handle.flush()
-            os.fsync(handle.fileno())
         name = f"pack-{pack_sha.hex()}"
-        final_pack = self.pack_dir / f"{name}.pack"
-        os.chmod(self.tmp_path, _read_only_mode())
-        os.replace(self.tmp_path, final_pack)
-        index = _index_bytes(self._entries, pack_sha)
-        tmp_idx = self.pack_dir / f"tmp_idx_{name}"
+        # The index is complete on disk before either file takes its final name, so a
+        # writer killed here leaves temporary files (cleared by the next writer), at worst
+        # a lone .pack, never an index without its pack.
+        tmp_idx = self._tmp_idx
         with open(tmp_idx, "wb") as handle:
-            handle.write(index)
+            handle.write(_index_bytes(self._entries, pack_sha))
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_idx, _read_only_mode())
+        final_pack = self.pack_dir / f"{name}.pack"
+        for path in (self.tmp_path, tmp_idx):
+            os.chmod(path, _read_only_mode())
+        os.replace(self.tmp_path, final_pack)
         os.replace(tmp_idx, self.pack_dir / f"{name}.idx")
         return final_pack
+
+
+def _file_sha1(fd: int, length: int) -> bytes:
+    """SHA-1 of the first ``length`` bytes of a file, read through mappings (no copies), one
+    window at a time: mapped pages count as this process's memory while they are mapped."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    for start in range(0, length, HASH_CHUNK):
+        with mmap.mmap(fd, min(HASH_CHUNK, length - start), access=mmap.ACCESS_READ, offset=start) as window:
+            digest.update(window)
+    return digest.digest()
 
 
 def _index_bytes(entries: list[tuple[bytes, int, int]], pack_sha: bytes) -> bytes:

@@ -1,15 +1,15 @@
-"""The store: a bare git repository, read with GitPython and written with fast-import.
+"""The store: a bare git repository, read with git plumbing and written as one pack.
 
 A snapshot is a commit on ``refs/heads/nodes/<node>`` whose tree holds the tracked
 paths (relative to site-packages) plus ``.snapver/manifest`` (the blake3 manifest);
 its metadata is a JSON trailer in the commit message. Both survive ``git clone``.
-Writes go through one ``git fast-import`` process, which makes refs visible only
-when it ends cleanly: a write that dies half-way leaves every ref as it was.
+A write session (``Store.importer``) puts every new object into one pack and moves
+refs only after that pack is complete and on disk, all in one transaction: a write
+that dies half-way leaves every ref as it was.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -25,7 +25,7 @@ from snapver.model import MANIFEST_PATH, Entry, Manifest, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
 from snapver.store.lock import store_lock
-from snapver.store.pack import PackWriter
+from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
 IDENTITY = "snapver <snapver@localhost>"
@@ -34,9 +34,7 @@ IDENTITY = "snapver <snapver@localhost>"
 
 def blob_oid(data: bytes) -> str:
     """The git blob id of ``data`` (what ``git hash-object`` prints)."""
-    digest = hashlib.sha1(b"blob %d\0" % len(data), usedforsecurity=False)
-    digest.update(data)
-    return digest.hexdigest()
+    return object_id(BLOB_TYPE, data).hex()
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,9 @@ class Store:
         self._repo: Any = None
         self._cat: subprocess.Popen[bytes] | None = None
         self._cat_lock = threading.Lock()
+        # Objects seen in the repository. Git removes none a ref reaches, and compaction
+        # keeps the others (repack -k): a second question about them needs no git process.
+        self._present: set[str] = set()
 
     @property
     def repo(self) -> Any:
@@ -92,19 +93,19 @@ class Store:
                              hint="point [store] path at a new or empty folder")
         import shutil
 
-        import git
-
         tmp = path.parent / f".{path.name}.creating-{os.getpid()}-{threading.get_ident()}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            repo = git.Repo.init(tmp, bare=True)
-            with repo.config_writer() as writer:
+            # One git process, no GitPython (its import alone costs ~0.1 s of a first pull).
+            done = subprocess.run(["git", "-c", f"init.defaultBranch={refs.NODES[len('refs/heads/'):]}_", "init",
+                                   "--bare", "-q", str(tmp)], stdin=subprocess.DEVNULL, capture_output=True)
+            if done.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+                raise StoreError(f"cannot create the store at {path}: {lines[-1] if lines else 'git init failed'}")
+            with open(tmp / "config", "a", encoding="utf-8") as config:
                 # Snapshots are mostly new blobs: cheap compression, gc in the background.
-                writer.set_value("core", "compression", "1")
-                writer.set_value("pack", "compression", "1")
-                writer.set_value("gc", "auto", "0")
-            repo.git.symbolic_ref("HEAD", refs.NODES + "_")
-            repo.close()
+                config.write("[core]\n\tcompression = 1\n[pack]\n\tcompression = 1\n[gc]\n\tauto = 0\n")
             if path.is_dir() and not any(path.iterdir()):
                 path.rmdir()  # an empty folder made for the store: take its place
             os.rename(tmp, path)
@@ -113,9 +114,6 @@ class Store:
             if (path / "HEAD").exists():  # another command created it first
                 return cls(path)
             raise StoreError(f"cannot create the store at {path}: {exc.strerror or exc}") from exc
-        except git.GitCommandError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise StoreError(f"cannot create the store at {path}: {exc}") from exc
         return cls(path)
 
     @classmethod
@@ -148,10 +146,12 @@ class Store:
         return result.stdout
 
     def existing(self, oids: Iterable[str]) -> set[str]:
-        """Those of ``oids`` whose object is in the store (one batched call)."""
-        wanted = sorted(set(oids))
+        """Those of ``oids`` whose object is in the store (one batched call for those not seen yet)."""
+        asked = set(oids)
+        known = asked & self._present
+        wanted = sorted(asked - known)
         if not wanted:
-            return set()
+            return known
         out = self.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                        input="".join(f"{oid}\n" for oid in wanted).encode())
         found = set()
@@ -159,7 +159,8 @@ class Store:
             name, _, kind = line.partition(" ")
             if kind and kind != "missing":
                 found.add(name)
-        return found
+        self._present |= found
+        return known | found
 
     def read_blob(self, oid: str) -> bytes:
         """One object's content (``oid`` or ``rev:path``), through one persistent ``cat-file --batch``.
@@ -223,7 +224,10 @@ class Store:
         """The commit a full ref name points to, or None."""
         out = subprocess.run(["git", "--git-dir", str(self.path), "rev-parse", "-q", "--verify",
                               name + "^{commit}"], capture_output=True)
-        return out.stdout.decode().strip() or None if out.returncode == 0 else None
+        commit = out.stdout.decode().strip() if out.returncode == 0 else ""
+        if commit:
+            self._present.add(commit)
+        return commit or None
 
     def refs(self, prefix: str) -> dict[str, str]:
         """``{name below prefix: commit}`` for every ref under ``prefix``."""
@@ -293,7 +297,7 @@ class Store:
     # -- writing ------------------------------------------------------------------
     @contextmanager
     def importer(self) -> Iterator["Importer"]:
-        """A fast-import session; refs it writes appear only if the block ends cleanly."""
+        """A write session (``Importer``); refs it writes move only if the block ends cleanly."""
         importer = Importer(self)
         try:
             yield importer
@@ -329,12 +333,19 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
     return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
 
 
-class Importer:
-    """Writes new blobs into one pack (``store/pack.py``), then commits with ``git fast-import``.
+ZERO_OID = "0" * 40
 
-    Nothing is visible until ``finish``: the pack's index is renamed into place only
-    once the pack is complete, and refs move only when fast-import ends cleanly. A write
-    that dies leaves at most a temporary pack file, never a ref to missing objects.
+
+class Importer:
+    """Writes a session's new objects into a pack (``store/pack.py``), then moves its refs.
+
+    Blobs go into the pack as they come; ``finish`` adds each queued commit's trees, its
+    manifest blob and the commit itself (into a second, small pack when the blob count
+    was promised: ``expect``), completes the packs, and moves every ref in one
+    ``git update-ref --stdin`` transaction. Nothing is visible until then: a pack's
+    index is renamed into place only once the pack is complete and on disk, and no ref
+    moves unless every object its commit reaches is in the store. A write that dies
+    leaves at most temporary pack files, never a ref to missing objects.
     """
 
     def __init__(self, store: Store) -> None:
@@ -350,21 +361,35 @@ class Importer:
         with self._lock:
             return oid in self._written
 
+    def expect(self, blobs: int) -> None:
+        """Say, before the first ``add_blob``, how many blobs are coming (at most).
+
+        The pack's checksum is then computed as the blobs are written, not by reading the
+        whole pack back in ``finish``; the trees and commits fill the count up, and what
+        does not fit goes into a second, small pack.
+        """
+        with self._lock:
+            self._pack.promise(blobs)
+
     def add_blob(self, data: bytes, oid: str | None = None) -> str:
         """Write a blob (once per content) and return its git id."""
         oid = oid or blob_oid(data)
         with self._lock:
-            if self._broken is not None:
-                raise self._broken
-            if oid not in self._written:
-                try:
-                    self._pack.add(oid, data)
-                except OSError as exc:
-                    # A half-written record would corrupt the pack: nothing more goes in.
-                    self._broken = StoreError(f"cannot write to the store {self.store.path}: {exc.strerror or exc}")
-                    raise self._broken from exc
-                self._written.add(oid)
+            self._add(oid, data, BLOB_TYPE)
         return oid
+
+    def _add(self, oid: str, data: bytes, kind: int) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if oid in self._written:
+            return
+        try:
+            self._pack.add(oid, data, kind)
+        except OSError as exc:
+            # A half-written record would corrupt the pack: nothing more goes in.
+            self._broken = StoreError(f"cannot write to the store {self.store.path}: {exc.strerror or exc}")
+            raise self._broken from exc
+        self._written.add(oid)
 
     def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
                when: datetime, extra_files: dict[str, bytes] | None = None) -> int:
@@ -377,58 +402,200 @@ class Importer:
             return len(self._commits)
 
     def finish(self) -> dict[int, str]:
-        """Make the blobs visible, write the queued commits, move their refs."""
+        """Write the queued commits, make every object visible, move the refs."""
         if self._broken is not None:
             self._pack.abort()
             raise self._broken
+        packs = [self._pack]
         try:
-            if self._pack.finish() is not None:
-                record_raw_bytes(self.store.path, self._pack.size)
+            moves, fresh = self._commit_objects()
+            room = self._pack.room
+            if room is not None and len(fresh) > room:  # what the promised count has no room for
+                packs.append(PackWriter(self.store.path / "objects", promised=len(fresh) - room))
+            else:
+                room = len(fresh)
+            with self._lock:
+                for oid, kind, body in fresh[:room]:
+                    self._add(oid, body, kind)
+            for oid, kind, body in fresh[room:]:
+                packs[1].add(oid, body, kind)
+            for pack in packs:
+                if pack.finish() is not None:
+                    record_raw_bytes(self.store.path, pack.size)
         except OSError as exc:
-            self._pack.abort()
-            raise StoreError(f"cannot write to the store: {exc}") from exc
-        if not self._commits:
-            return self.results
-        stream = [b"feature done\n"]
-        for mark, (ref, parent, manifest, message, when, files) in enumerate(self._commits, 1):
-            stream.append(_commit_command(mark, ref, parent, manifest, message, when, files))
-        stream += [b"get-mark :%d\n" % mark for mark in range(1, len(self._commits) + 1)]
-        stream.append(b"done\n")
-        try:
-            result = subprocess.run(
-                ["git", "--git-dir", str(self.store.path), "fast-import", "--quiet", "--done"],
-                input=b"".join(stream), capture_output=True, check=False)
-        except OSError as exc:
-            raise StoreError(f"cannot run git fast-import: {exc}") from exc
-        if result.returncode != 0:
-            lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise StoreError(f"git fast-import failed: {lines[0] if lines else result.returncode}")
-        ids = result.stdout.decode().split()
-        self.results = {mark: oid for mark, oid in enumerate(ids, 1)}
+            for pack in packs:
+                pack.abort()
+            raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
+        except BaseException:
+            for pack in packs:
+                pack.abort()
+            raise
+        if moves:
+            self._move_refs(moves)
         return self.results
 
     def abort(self) -> None:
         """Drop everything written: no pack, no ref moves."""
         self._pack.abort()
 
+    def _commit_objects(self) -> tuple[dict[str, tuple[str, str | None]], list[tuple[str, int, bytes]]]:
+        """Every queued commit with the trees and manifest blobs it needs.
 
-def _commit_command(mark: int, ref: str, parent: str | None, manifest: Manifest, message: str,
-                    when: datetime, files: dict[str, bytes]) -> bytes:
-    files = {**files, MANIFEST_PATH: manifest.serialize()}
+        Returns ``{ref: (commit, parent)}`` and the objects this session has not written
+        yet, as (id, type, content). StoreError (nothing is visible yet) if a commit would
+        name a blob or parent the store does not have.
+        """
+        objects: dict[str, tuple[int, bytes]] = {}  # oid -> (type, content) of trees, manifests, commits
+        needed: set[str] = set()  # what the commits name that must already be in the store
+        roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
+        moves: dict[str, tuple[str, str | None]] = {}
+        for mark, (ref, parent, manifest, message, when, files) in enumerate(self._commits, 1):
+            files = {**files, MANIFEST_PATH: manifest.serialize()}
+            extra = {path: blob_oid(data) for path, data in files.items()}
+            objects.update((oid, (BLOB_TYPE, files[path])) for path, oid in extra.items())
+            key = tuple(sorted(extra.items()))  # the manifest's blob id names every entry
+            root = roots.get(key)
+            if root is None:
+                leaves = [(e.path, e.git_mode, e.oid) for e in manifest.entries.values()]
+                leaves += [(path, "100644", oid) for path, oid in extra.items()]
+                try:
+                    root, trees = tree_objects(leaves)
+                except ValueError as exc:
+                    raise StoreError(f"cannot record {ref}: {exc}") from exc
+                objects.update((oid, (TREE_TYPE, body)) for oid, body in trees)
+                needed.update(e.oid for e in manifest.entries.values())
+                roots[key] = root
+            if parent is not None:
+                if not _is_hex_oid(parent):
+                    raise StoreError(f"cannot record {ref}: parent {parent!r} is not a commit id")
+                needed.add(parent)
+            body = _commit_object(root, parent, message, when)
+            commit = object_id(COMMIT_TYPE, body).hex()
+            objects[commit] = (COMMIT_TYPE, body)
+            self.results[mark] = commit
+            moves[ref] = (commit, parent)
+        with self._lock:
+            needed -= self._written | objects.keys()
+            # Trees already in the store are written again (git keeps either copy; compaction
+            # drops one): asking would cost a git process, writing them ~1 ms.
+            fresh = [oid for oid in objects if oid not in self._written]
+        missing = sorted(needed - self.store.existing(needed))  # usually all seen already: no git process
+        if missing:
+            raise StoreError(f"a snapshot would name {len(missing)} object(s) the store lacks, e.g. {missing[0]}",
+                             hint="nothing was recorded; run the command again")
+        return moves, [(oid, *objects[oid]) for oid in fresh]
+
+    def _move_refs(self, moves: dict[str, tuple[str, str | None]]) -> None:
+        """Move every ref to its new commit at once (all or none).
+
+        Each ref is expected at its commit's parent (absent for a root commit). One that
+        is elsewhere (a scratch ref, a ref moved outside snapver) moves only forward, as
+        ``git fast-import`` would move it.
+        """
+        if self._update_refs({ref: (new, parent or ZERO_OID) for ref, (new, parent) in moves.items()}) is None:
+            return
+        current = self._current_refs(list(moves))
+        for ref, (new, parent) in moves.items():
+            tip = current.get(ref)
+            if tip not in (None, parent) and not self._contains(new, tip):
+                raise StoreError(f"not updating {ref}: the new snapshot {new[:10]} does not contain its tip {tip[:10]}",
+                                 hint="the ref moved while this command ran; run it again")
+        error = self._update_refs({ref: (new, current.get(ref) or ZERO_OID) for ref, (new, _) in moves.items()})
+        if error is not None:
+            raise StoreError(f"cannot move the store's refs: {error}")
+
+    def _update_refs(self, updates: dict[str, tuple[str, str]]) -> str | None:
+        """One ``update-ref --stdin`` transaction of ``{ref: (new, expected old)}``; git's error or None."""
+        lines = "".join(f"update {ref} {new} {old}\n" for ref, (new, old) in updates.items())
+        try:
+            result = subprocess.run(["git", "--git-dir", str(self.store.path), "update-ref", "--stdin"],
+                                    input=lines.encode(), capture_output=True, check=False)
+        except OSError as exc:
+            raise StoreError(f"cannot run git: {exc}") from exc
+        if result.returncode == 0:
+            return None
+        message = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        return message[-1] if message else f"git update-ref exited {result.returncode}"
+
+    def _current_refs(self, names: list[str]) -> dict[str, str]:
+        out = self.store.git("for-each-ref", "--format=%(refname) %(objectname)", *names)
+        found = dict(line.split(" ", 1) for line in out.decode().splitlines())
+        return {name: found[name] for name in names if name in found}
+
+    def _contains(self, commit: str, ancestor: str) -> bool:
+        return subprocess.run(["git", "--git-dir", str(self.store.path), "merge-base", "--is-ancestor",
+                               ancestor, commit], capture_output=True).returncode == 0
+
+
+def _is_hex_oid(text: str) -> bool:
+    return len(text) == 40 and all(ch in "0123456789abcdef" for ch in text)
+
+
+def tree_objects(leaves: Iterable[tuple[str, str, str]]) -> tuple[str, list[tuple[str, bytes]]]:
+    """The git trees holding ``leaves`` (path, git mode, hex blob id), as ``git write-tree`` makes them.
+
+    Returns the root tree's id and every tree as (id, content), subtrees first.
+    ValueError for a path git cannot keep (an empty, ``.`` or ``..`` part, a NUL) or one
+    that is both a file and a folder.
+    """
+    root: dict[bytes, Any] = {}
+    folders: dict[bytes, dict[bytes, Any]] = {b"": root}
+
+    def folder(path: bytes) -> dict[bytes, Any]:
+        node = folders.get(path)
+        if node is None:
+            parent, _, name = path.rpartition(b"/")
+            _check_name(name, path)
+            above = folder(parent)
+            node = above.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{_show(path)} is both a file and a folder")
+            folders[path] = node
+        return node
+
+    for path, mode, oid in leaves:
+        raw = path.encode("utf-8", "surrogateescape")
+        parent, _, name = raw.rpartition(b"/")
+        _check_name(name, raw)
+        node = folder(parent)
+        if name in node:
+            raise ValueError(f"{_show(raw)} is both a file and a folder" if isinstance(node[name], dict)
+                             else f"{_show(raw)} is named twice")
+        node[name] = (mode.encode(), bytes.fromhex(oid))
+
+    trees: list[tuple[str, bytes]] = []
+
+    def write(node: dict[bytes, Any]) -> bytes:
+        rows = []
+        for name, value in node.items():
+            if isinstance(value, dict):
+                rows.append((name + b"/", b"40000 %s\0%s" % (name, write(value))))
+            else:
+                rows.append((name, b"%s %s\0%s" % (value[0], name, value[1])))
+        rows.sort()
+        body = b"".join(row for _, row in rows)
+        oid = object_id(TREE_TYPE, body)
+        trees.append((oid.hex(), body))
+        return oid
+
+    return write(root).hex(), trees
+
+
+def _check_name(name: bytes, path: bytes) -> None:
+    if name in (b"", b".", b"..") or b"\0" in name:
+        raise ValueError(f"git cannot keep the path {_show(path)}")
+
+
+def _show(path: bytes) -> str:
+    return quote_path(path.decode("utf-8", "surrogateescape"))
+
+
+def _commit_object(tree: str, parent: str | None, message: str, when: datetime) -> bytes:
+    """A commit as ``git fast-import`` writes one with only a committer (who is also the author)."""
     stamp = int(when.timestamp())
     offset = when.astimezone().utcoffset()
     minutes = int(offset.total_seconds() // 60) if offset else 0
     tz = f"{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
-    text = message.encode("utf-8", "surrogateescape")
-    lines = [b"commit %s\nmark :%d\ncommitter %s %d %s\ndata %d\n" % (
-        ref.encode(), mark, IDENTITY.encode(), stamp, tz.encode(), len(text)), text, b"\n"]
-    if parent:
-        lines.append(b"from %s\n" % parent.encode())
-    lines.append(b"deleteall\n")
-    for entry in manifest:
-        lines.append(f"M {entry.git_mode} {entry.oid} {quote_path(entry.path)}\n".encode("utf-8", "surrogateescape"))
-    for path, data in sorted(files.items()):
-        lines.append(b"M 100644 inline %s\ndata %d\n" % (quote_path(path).encode(), len(data)))
-        lines.append(data + b"\n")
-    lines.append(b"\n")
-    return b"".join(lines)
+    who = f"{IDENTITY} {stamp} {tz}"
+    head = f"tree {tree}\n" + (f"parent {parent}\n" if parent else "") + f"author {who}\ncommitter {who}\n\n"
+    return head.encode() + message.encode("utf-8", "surrogateescape")

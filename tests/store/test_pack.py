@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import zlib
 from pathlib import Path
+
+import pytest
 
 from helpers import git_blob
 
-from snapver.store.pack import PackWriter
+from snapver.store.pack import BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, object_id, stored_zlib
 from snapver.store.repo import Store, blob_oid
 
 
@@ -51,3 +54,31 @@ def test_an_empty_pack_writes_no_files(tmp_path: Path) -> None:
     store = Store.create(tmp_path / "store")
     assert PackWriter(store.path / "objects").finish() is None
     assert list((store.path / "objects" / "pack").iterdir()) == []
+
+
+def test_a_pack_larger_than_the_writeback_step_with_trees_verifies(tmp_path: Path) -> None:
+    store = Store.create(tmp_path / "store")
+    blobs = [os.urandom(WRITEBACK_EVERY // 3) for _ in range(4)] + [b"small"]
+    writer = PackWriter(store.path / "objects")
+    for data in blobs:
+        writer.add(blob_oid(data), data)
+    tree = b"".join(sorted(b"100644 f%d\0" % i + bytes.fromhex(_git_oid(d)) for i, d in enumerate(blobs)))
+    writer.add(object_id(TREE_TYPE, tree), tree, TREE_TYPE)
+    assert object_id(BLOB_TYPE, b"small").hex() == _git_oid(b"small")
+    pack = writer.finish()
+    assert pack is not None and writer.size > WRITEBACK_EVERY
+    tree_id = hashlib.sha1(b"tree %d\0" % len(tree) + tree).hexdigest()
+    listing = subprocess.run(["git", "--git-dir", str(store.path), "ls-tree", tree_id], capture_output=True, text=True)
+    assert listing.stdout.count("blob") == 5, listing.stderr
+    fsck = subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--full", "--strict"],
+                          capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    assert git_blob(store.path, _git_oid(blobs[2])) == blobs[2]
+
+
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 2 * 65535, 2 * 65535 + 1, 300_001])
+def test_stored_zlib_streams_inflate_to_the_data(size: int) -> None:
+    data = os.urandom(size)
+    stream = b"".join(stored_zlib(data))
+    assert zlib.decompress(stream) == data
+    assert len(stream) == 2 + 5 * max(1, -(-size // 65535)) + size + 4  # stored: nothing compressed
