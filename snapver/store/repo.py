@@ -93,19 +93,19 @@ class Store:
                              hint="point [store] path at a new or empty folder")
         import shutil
 
+        import git
+
         tmp = path.parent / f".{path.name}.creating-{os.getpid()}-{threading.get_ident()}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # One git process, no GitPython (its import alone costs ~0.1 s of a first pull).
-            done = subprocess.run(["git", "-c", f"init.defaultBranch={refs.NODES[len('refs/heads/'):]}_", "init",
-                                   "--bare", "-q", str(tmp)], stdin=subprocess.DEVNULL, capture_output=True)
-            if done.returncode != 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-                raise StoreError(f"cannot create the store at {path}: {lines[-1] if lines else 'git init failed'}")
-            with open(tmp / "config", "a", encoding="utf-8") as config:
+            repo = git.Repo.init(tmp, bare=True)
+            with repo.config_writer() as writer:
                 # Snapshots are mostly new blobs: cheap compression, gc in the background.
-                config.write("[core]\n\tcompression = 1\n[pack]\n\tcompression = 1\n[gc]\n\tauto = 0\n")
+                writer.set_value("core", "compression", "1")
+                writer.set_value("pack", "compression", "1")
+                writer.set_value("gc", "auto", "0")
+            repo.git.symbolic_ref("HEAD", refs.NODES + "_")
+            repo.close()
             if path.is_dir() and not any(path.iterdir()):
                 path.rmdir()  # an empty folder made for the store: take its place
             os.rename(tmp, path)
@@ -114,6 +114,9 @@ class Store:
             if (path / "HEAD").exists():  # another command created it first
                 return cls(path)
             raise StoreError(f"cannot create the store at {path}: {exc.strerror or exc}") from exc
+        except git.GitCommandError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"cannot create the store at {path}: {exc}") from exc
         return cls(path)
 
     @classmethod

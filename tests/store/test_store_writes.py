@@ -295,25 +295,3 @@ def test_objects_seen_once_are_known_without_git_and_unseen_ones_are_asked(tmp_p
     assert store.existing([present, absent]) == {present, absent}
     with pytest.raises(StoreError):
         store.existing([_sha1_blob(b"never seen\n")])
-
-
-def test_a_new_store_is_one_git_init_with_snapver_settings_and_no_gitpython(tmp_path: Path) -> None:
-    script = ("import sys, pathlib; from snapver.store.repo import Store; "
-              "Store.create(pathlib.Path(sys.argv[1])); print('git' in sys.modules)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    store = tmp_path / "stores" / "store"
-    made = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True, text=True, env=env)
-    assert made.returncode == 0 and made.stdout.strip() == "False", made.stderr
-    settings = {key: _git(store, "config", "--get", key).stdout.strip() for key in
-                ("core.compression", "pack.compression", "gc.auto", "core.bare")}
-    assert settings == {"core.compression": b"1", "pack.compression": b"1", "gc.auto": b"0", "core.bare": b"true"}
-    assert _git(store, "symbolic-ref", "HEAD").stdout.strip() == b"refs/heads/nodes/_"
-    assert [p.name for p in store.parent.iterdir()] == ["store"]  # the temporary sibling is gone
-
-
-def test_a_store_that_git_cannot_make_is_a_store_error(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("PATH", "")
-    with pytest.raises(StoreError, match="cannot create the store"):
-        Store.create(tmp_path / "stores" / "store")
-    assert list((tmp_path / "stores").iterdir()) == []
