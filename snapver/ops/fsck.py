@@ -48,12 +48,15 @@ def fsck(store: Store) -> FsckResult:
     with_manifest = [c.id for c in commits if c.meta.get("kind") in ("snapshot", "patch", "push")]
     found = _batch_check(store, "%(objectname)", [f"{commit}:{MANIFEST_PATH}" for commit in with_manifest])
     manifest_oids = {commit: found[f"{commit}:{MANIFEST_PATH}"] for commit in with_manifest}
-    read = dict(_read_objects(store.path, [oid for oid in manifest_oids.values() if oid]))
+    read = dict(_read_objects(store.path, [oid for oid in manifest_oids.values() if oid and oid != UNREADABLE]))
     for commit in commits:
         if commit.id not in manifest_oids:
             continue
         label = _label(commit)
         data = read.get(manifest_oids[commit.id]) if manifest_oids[commit.id] else None
+        if manifest_oids[commit.id] == UNREADABLE:
+            result.problems.append(f"{label}: its tree cannot be read (corrupt)")
+            continue
         if not isinstance(data, bytes):
             why = "is missing" if manifest_oids[commit.id] is None else f"cannot be read ({data})"
             result.problems.append(f"{label}: its manifest {MANIFEST_PATH} {why}")
@@ -99,6 +102,8 @@ def _check_refs(store: Store, result: FsckResult) -> list[str]:
         if found[oid] is None:
             result.problems.append(f"ref {name} points to {oid[:10]}, which is not in the store "
                                    f"(a dangling {what}ref)")
+        elif UNREADABLE in (found[oid], found[f"{oid}^{{commit}}"]):
+            result.problems.append(f"ref {name} points to {oid[:10]}, which git cannot read (corrupt)")
         elif found[f"{oid}^{{commit}}"] != "commit":
             result.problems.append(f"ref {name} points to {oid[:10]}, a {found[oid]}, not a commit")
         else:
@@ -106,11 +111,22 @@ def _check_refs(store: Store, result: FsckResult) -> list[str]:
     return tips
 
 
+UNREADABLE = "unreadable"  # what _batch_check says of a name git dies on (a corrupt object on its way)
+
+
 def _batch_check(store: Store, format: str, names: list[str]) -> dict[str, str | None]:
-    """``{name: what format says, or None if missing}`` for object names (``oid``, ``rev:path``…)."""
+    """``{name: what format says, or None if missing}`` for object names (``oid``, ``rev:path``…).
+
+    git stops at the first corrupt object it meets; then each name is looked at on its own,
+    and those git dies on are ``UNREADABLE``."""
     if not names:
         return {}
-    out = store.git("cat-file", f"--batch-check={format}", input="".join(f"{n}\n" for n in names).encode())
+    try:
+        out = store.git("cat-file", f"--batch-check={format}", input="".join(f"{n}\n" for n in names).encode())
+    except StoreError:
+        if len(names) == 1:
+            return {names[0]: UNREADABLE}
+        return {name: found for one in names for name, found in _batch_check(store, format, [one]).items()}
     return {name: None if line.endswith((" missing", " ambiguous")) else line.strip()
             for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines())}
 

@@ -239,5 +239,6 @@ def test_a_hostile_store_cannot_make_a_checkout_write_outside(local_node, write_
     git("update-ref", "refs/heads/nodes/evil", commit)
     result = run_snapver("patch", "new", "p", "--base", "evil@latest")
     assert result.code == 4, str(result)
-    assert "escape/x.py" in result.err and "Traceback" not in result.err
+    # refused when its tree is written (a path both a link and a folder) or checked out
+    assert ("escape/x.py" in result.err or f"{SRT}/escape is both" in result.err) and "Traceback" not in result.err
     assert list(outside.iterdir()) == []
