@@ -182,9 +182,9 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     result.error = exc
             marks = {}
         finally:
-            for result in results:
-                if result.transport is not None and result.node not in borrowed:
-                    result.transport.close()
+            # In parallel: each close waits for its agent to exit (~15 ms; 16 in a row were 0.26 s).
+            list(pool.map(lambda t: t.close(), [r.transport for r in results
+                                                 if r.transport is not None and r.node not in borrowed]))
         for node, mark in marks.items():
             result = by_name[node]
             result.snapshot = importer.results[mark]

@@ -208,9 +208,17 @@ def read_stable(full, st):
     stayed the same that long.
     """
     for _ in range(5):
-        with open(full, "rb") as handle:
-            data = handle.read()
-            after = os.fstat(handle.fileno())
+        fd = os.open(full, os.O_RDONLY)  # os.read: no buffered file object, one read() per file
+        try:
+            data = os.read(fd, st.st_size + 1)
+            if len(data) != st.st_size:  # it grew or shrank, or is too large for one read()
+                data = None
+                os.lseek(fd, 0, os.SEEK_SET)
+                with open(fd, "rb", buffering=0, closefd=False) as handle:
+                    data = handle.read()
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
         key = (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns)
         if key == (st.st_ino, len(data), st.st_mtime_ns, st.st_ctime_ns):
             quiet = time.time_ns() - after.st_ctime_ns

@@ -1,0 +1,80 @@
+"""The agent's read_stable: one os.read() per file, and the whole file whatever happened to it
+since it was listed (grown, shrunk, replaced), never a short or padded read."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+AGENT = Path(__file__).resolve().parents[2] / "snapver" / "transport" / "agent.py"
+
+
+@pytest.fixture(scope="module")
+def agent() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("agent_under_test", AGENT)  # not "snapver_agent": that serves
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_file_as_listed_is_read_whole(agent: ModuleType, tmp_path: Path) -> None:
+    for name, data in (("empty", b""), ("small", b"x = 1\n"), ("big", os.urandom(3 << 20) + b"end")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        read, after = agent.read_stable(str(path), os.lstat(path))
+        assert read == data and after.st_size == len(data)
+
+
+@pytest.mark.parametrize("change", ["grown", "shrunk", "replaced", "emptied"])
+def test_a_file_changed_since_listed_is_read_whole_as_it_is_now(agent: ModuleType, tmp_path: Path,
+                                                                change: str) -> None:
+    path = tmp_path / "f.py"
+    path.write_bytes(b"a" * 5000)
+    listed = os.lstat(path)
+    new = {"grown": b"a" * 5000 + b"b" * 70000, "shrunk": b"a" * 10, "emptied": b"",
+           "replaced": b"c" * 5000}[change]
+    if change == "replaced":  # same size, another inode
+        (tmp_path / "tmp").write_bytes(new)
+        os.replace(tmp_path / "tmp", path)
+    else:
+        path.write_bytes(new)
+    read, after = agent.read_stable(str(path), listed)
+    assert read == new
+    assert (after.st_ino, after.st_size) == (os.lstat(path).st_ino, len(new))
+
+
+def test_a_folder_in_place_of_a_file_is_an_error(agent: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "f.py"
+    path.write_bytes(b"x")
+    listed = os.lstat(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(OSError):
+        agent.read_stable(str(path), listed)
+
+
+def test_a_read_cut_short_falls_back_to_reading_the_whole_file(agent: ModuleType, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """read() returns at most 2 GiB - 4 KiB on Linux: a larger file must still come whole, not be
+    retried as 'changing' forever nor cut. Simulated with a read() that stops at 1000 bytes."""
+
+    class ShortReads:
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        @staticmethod
+        def read(fd: int, size: int) -> bytes:
+            return os.read(fd, min(size, 1000))
+
+    path = tmp_path / "big.so"
+    data = os.urandom(5000)
+    path.write_bytes(data)
+    listed = os.lstat(path)
+    monkeypatch.setattr(agent, "os", ShortReads())
+    read, after = agent.read_stable(str(path), listed)
+    assert read == data and after.st_size == 5000
