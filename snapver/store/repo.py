@@ -340,12 +340,11 @@ ZERO_OID = "0" * 40
 
 
 class Importer:
-    """Writes a session's new objects into a pack (``store/pack.py``), then moves its refs.
+    """Writes a session's new objects into one pack (``store/pack.py``), then moves its refs.
 
     Blobs go into the pack as they come; ``finish`` adds each queued commit's trees, its
-    manifest blob and the commit itself (into a second, small pack when the blob count
-    was promised: ``expect``), completes the packs, and moves every ref in one
-    ``git update-ref --stdin`` transaction. Nothing is visible until then: a pack's
+    manifest blob and the commit itself, completes the pack, and moves every ref in one
+    ``git update-ref --stdin`` transaction. Nothing is visible until then: the pack's
     index is renamed into place only once the pack is complete and on disk, and no ref
     moves unless every object its commit reaches is in the store. A write that dies
     leaves at most temporary pack files, never a ref to missing objects.
@@ -363,16 +362,6 @@ class Importer:
     def has(self, oid: str) -> bool:
         with self._lock:
             return oid in self._written
-
-    def expect(self, blobs: int) -> None:
-        """Say, before the first ``add_blob``, how many blobs are coming (at most).
-
-        The pack's checksum is then computed as the blobs are written, not by reading the
-        whole pack back in ``finish``; the trees and commits fill the count up, and what
-        does not fit goes into a second, small pack.
-        """
-        with self._lock:
-            self._pack.promise(blobs)
 
     def add_blob(self, data: bytes, oid: str | None = None) -> str:
         """Write a blob (once per content) and return its git id."""
@@ -409,29 +398,18 @@ class Importer:
         if self._broken is not None:
             self._pack.abort()
             raise self._broken
-        packs = [self._pack]
         try:
             moves, fresh = self._commit_objects()
-            room = self._pack.room
-            if room is not None and len(fresh) > room:  # what the promised count has no room for
-                packs.append(PackWriter(self.store.path / "objects", promised=len(fresh) - room))
-            else:
-                room = len(fresh)
             with self._lock:
-                for oid, kind, body in fresh[:room]:
+                for oid, kind, body in fresh:
                     self._add(oid, body, kind)
-            for oid, kind, body in fresh[room:]:
-                packs[1].add(oid, body, kind)
-            for pack in packs:
-                if pack.finish() is not None:
-                    record_raw_bytes(self.store.path, pack.size)
+            if self._pack.finish() is not None:
+                record_raw_bytes(self.store.path, self._pack.size)
         except OSError as exc:
-            for pack in packs:
-                pack.abort()
+            self._pack.abort()
             raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
         except BaseException:
-            for pack in packs:
-                pack.abort()
+            self._pack.abort()
             raise
         if moves:
             self._move_refs(moves)

@@ -241,47 +241,6 @@ def test_a_writer_killed_while_finishing_leaves_no_ref_to_missing_objects(tmp_pa
     assert _leftovers(store.path) == []
 
 
-def _packs(store: Path) -> list[Path]:
-    return sorted((store / "objects" / "pack").glob("pack-*.pack"))
-
-
-@pytest.mark.parametrize("promised, reread, packs", [(5, False, 2), (7, False, 2), (12, False, 1), (40, True, 1),
-                                                    (2, True, 1)])
-def test_a_promised_blob_count_spares_reading_the_pack_back(tmp_path: Path, monkeypatch, promised: int,
-                                                            reread: bool, packs: int) -> None:
-    """5 blobs, 2 of them twice over (a first pull does not know which files are alike): the
-    5 trees, manifest and commit fill the promise, the rest go into a second pack; a promise
-    the session cannot keep falls back to reading the pack back."""
-    from snapver.store import pack as pack_module
-
-    reads = []
-    original = pack_module._file_sha1
-    monkeypatch.setattr(pack_module, "_file_sha1", lambda *args: reads.append(args) or original(*args))
-    store = Store.create(tmp_path / "store")
-    paths = ["a.py", "b.py", "pkg/c.py", "pkg/sub/d.py", "e.py"]
-    contents = {path: _content(path) for path in paths} | {"copy/a.py": _content("a.py"), "pkg/e2": _content("e.py")}
-    manifest = Manifest.of(Entry(path, "f", 0o100644, len(data), "0" * 64, _sha1_blob(data))
-                           for path, data in contents.items())
-    with store.importer() as importer:
-        importer.expect(promised)
-        for data in contents.values():
-            importer.add_blob(data)
-        mark = importer.commit("refs/heads/nodes/x", None, manifest, "x\n", datetime.now(timezone.utc))
-    assert bool(reads) == reread
-    assert len(_packs(store.path)) == packs
-    _fsck(store.path)
-    listing = git_ls_tree(store.path, importer.results[mark])
-    assert {path: git_blob(store.path, oid) for path, (_, oid) in listing.items() if path in contents} == contents
-
-
-def test_promising_after_the_first_blob_is_an_error(tmp_path: Path) -> None:
-    store = Store.create(tmp_path / "store")
-    with pytest.raises(ValueError), store.importer() as importer:
-        importer.add_blob(b"x")
-        importer.expect(3)
-    assert _packs(store.path) == [] and _leftovers(store.path) == []
-
-
 def test_objects_seen_once_are_known_without_git_and_unseen_ones_are_asked(tmp_path: Path, monkeypatch) -> None:
     store = Store.create(tmp_path / "store")
     tip = _snapshot(store, "refs/heads/nodes/a", None, "one.py")
