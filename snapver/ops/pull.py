@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -151,17 +152,33 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     workers = max(1, min(32, len(specs)))
     # Hashing on the node only serves to skip content the store has; a first pull of a
     # single node into an empty store has none to skip, so it fetches without hashing.
-    hash_on_node = len(specs) > 1 or bool(store.refs("refs/heads/"))
+    # Into an empty store, the first node of a group to start up is such a node: it lists
+    # without hashing and streams everything at once, while the others start up and hash;
+    # they then send only what it did not have.
+    empty = not store.refs("refs/heads/")
+    hash_on_node = len(specs) > 1 or not empty
+    first = _First() if empty and len(specs) > 1 else None
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda pair: _list_node(store, *pair, hash_on_node), zip(specs, results)))
-        live = [r for r in results if r.ok]
         try:
             with store.importer() as importer:
                 digests: dict[str, str] = {}
-                assignments = _assign_fetches(store, live)
+
+                def list_node(spec: NodeSpec, result: NodePull) -> None:
+                    _list_node(store, spec, result, hash_on_node, first)
+                    if first is not None and first.node == result.node and result.ok:
+                        assert result.listing is not None
+                        if on_plan:
+                            on_plan(len(result.listing.entries), sum(e.size for e in result.listing.entries))
+                        _fetch(result, result.listing.entries, importer, digests, on_progress)
+
+                list(pool.map(list_node, specs, results))
+                live = [r for r in results if r.ok]
+                others = [r for r in live if first is None or r.node != first.node]
+                assignments = _assign_fetches(store, others, importer)
                 if on_plan:
-                    on_plan(sum(len(a) for a in assignments.values()),
-                            sum(e.size for a in assignments.values() for e in a))
+                    sent = [r for r in live if first is not None and r.node == first.node]
+                    on_plan(sum(r.fetched_files for r in sent) + sum(len(a) for a in assignments.values()),
+                            sum(r.fetched_bytes for r in sent) + sum(e.size for a in assignments.values() for e in a))
                 list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
                               live))
                 # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
@@ -177,7 +194,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     except SnapverError as exc:
                         result.error = exc
         except SnapverError as exc:
-            for result in live:
+            for result in results:
                 if result.ok:
                     result.error = exc
             marks = {}
@@ -201,13 +218,31 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     return PullResult(results)
 
 
-def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool) -> None:
+class _First:
+    """Which node of a group had its agent up first (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.node: str | None = None
+        self._lock = threading.Lock()
+
+    def claim(self, node: str) -> bool:
+        with self._lock:
+            if self.node is None:
+                self.node = node
+            return self.node == node
+
+
+def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool,
+               first: _First | None = None) -> None:
     result.started = time.monotonic()
     try:
         result.parent = store.ref(refs.node_ref(spec.name))
         cache, cache_time = load_stat_cache(store, spec.name, result.parent)
         if result.transport is None:
             result.transport = open_transport(spec).start()
+        if first is not None:
+            result.transport.info  # noqa: B018 - wait for the agent: is this node the first up?
+            hash_on_node = not first.claim(spec.name)
         # Every file will be fetched when the node does not hash: have it stream them right
         # after its listing (the level first: finding it may take a request of its own).
         level = None if hash_on_node else _compress_level(result.transport)
@@ -224,12 +259,13 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.error = exc
 
 
-def _assign_fetches(store: Store, nodes: list[NodePull]) -> dict[str, list[StatEntry]]:
+def _assign_fetches(store: Store, nodes: list[NodePull], importer: Importer) -> dict[str, list[StatEntry]]:
     """Give each blob the store lacks to the first node that has it (unhashed files: all)."""
     all_oids = {e.oid for r in nodes for e in r.listing.entries if e.oid}  # type: ignore[union-attr]
+    fetched = {oid for oid in all_oids if importer.has(oid)}  # from the node that sent everything first
     # Blobs of the nodes' last snapshots are in the store: ask git only about the others.
     recorded = {e.oid for r in nodes if r.parent_manifest for e in r.parent_manifest}
-    have = (all_oids & recorded) | store.existing(all_oids - recorded)
+    have = fetched | (all_oids & recorded) | store.existing(all_oids - recorded - fetched)
     assigned: dict[str, list[StatEntry]] = {}
     for result in nodes:
         mine = assigned.setdefault(result.node, [])

@@ -222,8 +222,10 @@ def test_real_tree_group_over_ssh_fetches_shared_content_once(sglang_site_templa
     nodes = by_node(document)
     distinct, distinct_bytes = distinct_content(site)
     assert [(n["files"], n["changed"]) for n in nodes.values()] == [(SGLANG_FILES, SGLANG_FILES)] * 2
-    assert sum(n["fetched_files"] for n in nodes.values()) == distinct
-    assert sum(n["fetched_bytes"] for n in nodes.values()) == distinct_bytes
+    # Into an empty store the first node up sends everything unhashed (its own duplicates too, as a
+    # single node's first pull); the other sends a listing only.
+    assert sorted((n["fetched_files"], n["fetched_bytes"]) for n in nodes.values()) == [
+        (0, 0), (SGLANG_FILES, total_size(site))]
     heads = node_heads(store)
     assert heads == {"ct200": nodes["ct200"]["snapshot"], "ct129": nodes["ct129"]["snapshot"]}
     assert git(store, "rev-parse", f"{heads['ct200']}^{{tree}}") == git(store, "rev-parse",
@@ -548,3 +550,22 @@ def test_concurrent_pulls_keep_the_store_consistent(make_site_packages, local_no
     assert sorted(bool(node["snapshot"]) for node in nodes) == [False, True]  # one made it, one saw no change
     assert len(history(store, "laptop")) == 1
     assert_store_holds_live(store, "laptop", site)
+
+
+def test_first_node_up_sends_everything_and_the_others_only_listings(make_site_packages, local_node, write_config,
+                                                                     run_snapver, store, tmp_path) -> None:
+    """The node that sends everything is whichever starts first, not the first in the config:
+    the others must then fetch nothing, and every snapshot must still be exactly its node."""
+    files = {f"{SRT}/{i:02d}.py": f"value = {i}\n" * 50 for i in range(20)} | {f"{SRT}/copy.py": "value = 3\n" * 50}
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 1.5\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    sites = {name: make_site_packages(name, files=files) for name in ("a", "b", "c")}
+    write_config({"a": local_node(sites["a"], python=str(slow)), "b": local_node(sites["b"]),
+                  "c": local_node(sites["c"])})
+    nodes = by_node(pull_json(run_snapver, "--all")[0])
+    senders = {name: n["fetched_files"] for name, n in nodes.items() if n["fetched_files"]}
+    assert list(senders.values()) == [21] and "a" not in senders, senders
+    for name, site in sites.items():
+        assert nodes[name]["files"] == 21
+        assert_store_holds_live(store, name, site)
