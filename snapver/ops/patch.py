@@ -176,7 +176,7 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
     """Commit a patch tree and move the patch ref (compare-and-swap against ``old_tip``).
 
     The commit is made on a scratch ref and the patch ref moved after, because a
-    rebase's new commit does not descend from the old tip (fast-import refuses that).
+    rebase's new commit does not descend from the old tip (the store moves a ref only forward).
     """
     scratch = f"refs/snapver/scratch/{name}-{os.getpid()}"
     now = datetime.now(timezone.utc)

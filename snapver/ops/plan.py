@@ -291,7 +291,7 @@ class Record:
 
 def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> dict[str, str]:
     """Append one record per row (``node``, ``state``, ``tree`` commit, extra meta) in one
-    fast-import; returns ``{node: record commit}``."""
+    store write; returns ``{node: record commit}``."""
     now = datetime.now(timezone.utc)
     marks = {}
     with store.importer() as importer:

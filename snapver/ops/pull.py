@@ -3,8 +3,9 @@
 Per node: one connection, one listing (the node hashes only files whose stat changed
 since the last pull), then one stream of exactly the missing blobs. Across a group,
 every missing blob is fetched from one node only, so identical nodes send listings,
-not files. All snapshots are written by one ``git fast-import`` and become visible
-together at the end; a pull that dies leaves the store as it was.
+not files (into an empty store, the first node up streams everything while the others
+hash). All snapshots are written into one pack and become visible together at the end
+(refs move in one transaction); a pull that dies leaves the store as it was.
 """
 
 from __future__ import annotations
