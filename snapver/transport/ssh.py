@@ -261,10 +261,8 @@ class SshTransport(Transport):
     def _start(self, command: str) -> RawChannel:
         self._connection = self._connect()
         try:
-            began = time.monotonic()  # opening a channel is one round trip: the link's latency
             channel = self._connection.transport.open_session(window_size=WINDOW_SIZE,
                                                               max_packet_size=MAX_PACKET)
-            rtt = time.monotonic() - began
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.spec.name}: cannot start the agent: {exc}") from exc
@@ -282,7 +280,7 @@ class SshTransport(Transport):
             channel.close()
             return text
 
-        return RawChannel(stdin, stdout, close, rtt)
+        return RawChannel(stdin, stdout, close)
 
     def _disconnect(self) -> None:
         if self._connection is not None:
