@@ -331,7 +331,7 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
 def _compress_level(transport: Transport) -> int:
     """zlib level for a file stream: 1 when configured, or on slow links when ``auto``."""
     compress = transport.spec.compress
-    return 1 if compress == "zlib" or (compress == "auto" and transport.round_trip() > COMPRESS_RTT_SECONDS) else 0
+    return 1 if compress == "zlib" or (compress == "auto" and transport.ping() > COMPRESS_RTT_SECONDS) else 0
 
 
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],

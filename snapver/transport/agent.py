@@ -293,22 +293,22 @@ def op_list(channel, request):
             if cached and cached[:5] == key and max(st.st_mtime_ns, st.st_ctime_ns) < racy_after:
                 oid = cached[5]
             elif want_oids:
+                full = os.path.join(site, rel)
                 try:
-                    data, st = read_stable(os.path.join(site, rel), st)
+                    data, st = read_stable(full, st)
                 except FileNotFoundError:
                     continue
                 except PermissionError:
-                    raise AgentError("%s: permission denied" % os.path.join(site, rel), "path")
+                    raise AgentError("%s: permission denied" % full, "path")
                 oid = blob_id(data)
                 size = len(data)
                 hashed += 1
         listed.append(rel)
-        row = [rel, "l" if target is not None else "f", st.st_mode, size,
-               st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target]
         if delta and cached and cached == [size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, oid]:
             same += 1
         else:
-            entries.append(row)
+            entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
+                            st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
     channel.listed = listed  # for a read of "listed" paths
     reply = {"now_ns": now_ns, "entries": entries, "hashed": hashed}
     if delta:

@@ -32,9 +32,6 @@ class RawChannel:
     stdin: IO[bytes]
     stdout: IO[bytes]
     close: Any  # () -> str: ends the process, returns what it wrote on stderr
-    # Seconds of one round trip, when known without asking (a local process: 0). Over SSH a
-    # ping measures it: timing paramiko's channel open read ~2x the link's latency.
-    rtt: float | None = None
 
 
 @dataclass(frozen=True)
@@ -303,11 +300,6 @@ class Transport(ABC):
         ``read_files`` for those paths (``paths``: the listing's, in its order)."""
         reply = self.request("read", listed=True, compress_level=compress_level)
         return lambda paths: self._file_stream(reply, paths, compress_level)
-
-    def round_trip(self) -> float:
-        """Seconds one round trip to the node takes: known from the channel, or a ping now."""
-        measured = self._channel.rtt if self._channel is not None else None
-        return measured if measured is not None else self.ping()
 
     def _file_stream(self, reply: Callable[[], dict[str, Any]], paths: list[str],
                      compress_level: int) -> Iterator[tuple[str, str | None, bytes]]:
