@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, bench_env, interleave, print_table, run  # noqa: E402
+from common import BenchEnv, Case, add_node_home_option, bench_env, interleave, print_table, run  # noqa: E402
 
 NODE = "ct200"
 CHANGED = "sglang/srt/server_args.py"
@@ -86,8 +86,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="timed rounds (default 7)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    add_node_home_option(parser)
     args = parser.parse_args()
-    with bench_env(keep=args.keep) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home) as env:
         bench(env, args.runs)
     return 0
 

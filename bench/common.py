@@ -15,6 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -187,12 +188,13 @@ def run_measured(command: Sequence[str], check: bool = True,
     return run_measured_all([command], check=check, **kwargs)[0]
 
 
-def _start_one_sshd(folder: Path, port: int, addresses: Sequence[str]) -> tuple[list[subprocess.Popen[bytes]], str]:
+def _start_one_sshd(folder: Path, port: int, addresses: Sequence[str],
+                    session_env: Mapping[str, str] | None = None) -> tuple[list[subprocess.Popen[bytes]], str]:
     """One sshd process listening on ``addresses`` (at most 16: OpenSSH's limit per process)."""
     if len(addresses) > fixtures.MAX_LISTEN_SOCKS:
         raise ValueError(f"one sshd listens on at most {fixtures.MAX_LISTEN_SOCKS} addresses")
     config = folder / "sshd_config.0"
-    config.write_text(fixtures._sshd_config(folder, port, list(addresses), 0))
+    config.write_text(fixtures._sshd_config(folder, port, list(addresses), 0, session_env))
     pid_file = folder / "sshd.0.pid"
     pid_file.unlink(missing_ok=True)
     with open(folder / "sshd.log", "ab") as log:
@@ -209,6 +211,15 @@ def _start_one_sshd(folder: Path, port: int, addresses: Sequence[str]) -> tuple[
     return [], f"sshd exited with {process.returncode}" if process.returncode else f"port {port} refused"
 
 
+NODE_HOMES = ("clean", "root")
+
+
+def add_node_home_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-home", choices=NODE_HOMES, default="clean",
+                        help="HOME of node sessions: an empty one (default), or root's own, whose "
+                        ".bashrc runs this machine's start-up (pyenv) in every SSH session")
+
+
 def find_wheel() -> Path:
     """The sglang wheel in ``../shared/fixtures`` (beside the repo)."""
     wheels = sorted(fixtures.FIXTURES_DIR.glob("sglang-*.whl"))
@@ -218,12 +229,22 @@ def find_wheel() -> Path:
 
 
 @contextmanager
-def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None) -> Iterator[BenchEnv]:
+def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None,
+              node_home: str = "clean") -> Iterator[BenchEnv]:
     """Start sshd on loopback (random port, own keys) in a scratch folder; stop and delete on exit.
 
     ``addresses`` (node name -> loopback address, at most 16): one sshd process listening
     on exactly those, instead of the fixture's (two processes for its 18 addresses).
+
+    ``node_home``: the HOME of node sessions. Every session's login shell (rsync's, scp's
+    and snapver's alike) runs that HOME's ``~/.bashrc``. The bench nodes are all root on
+    this one machine, and root's .bashrc here runs ``pyenv init`` (~0.14 s of CPU, and a
+    rehash lock that all sessions share: 16 shells at once took 2 s). A real fleet runs
+    each node's shell start-up on that node's own CPUs, so by default (``clean``) node
+    sessions get an empty HOME of their own; ``root`` keeps root's (see --node-home).
     """
+    if node_home not in NODE_HOMES:
+        raise ValueError(f"node_home: {node_home!r}, not one of {NODE_HOMES}")
     node_addresses = dict(fixtures.NODE_ADDRESSES if addresses is None else addresses)
     if not os.access(fixtures.SSHD_BINARY, os.X_OK):
         raise SystemExit(f"{fixtures.SSHD_BINARY} is missing: run `bash scripts/test.sh` once to install it")
@@ -240,11 +261,15 @@ def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None) ->
         fixtures._keygen(folder / "user_ed25519", "snapver-bench-user")
         (folder / "authorized_keys").write_text((folder / "user_ed25519.pub").read_text())
         host_key = " ".join((folder / "host_ed25519.pub").read_text().split()[:2])
+        session_env: dict[str, str] = {}
+        if node_home == "clean":
+            (scratch / "node-home").mkdir()
+            session_env["HOME"] = str(scratch / "node-home")
         why = ""
         for _attempt in range(5):
             port = fixtures._free_port()
-            processes, why = (fixtures._start_sshd(folder, port) if addresses is None
-                              else _start_one_sshd(folder, port, list(node_addresses.values())))
+            processes, why = (fixtures._start_sshd(folder, port, session_env) if addresses is None
+                              else _start_one_sshd(folder, port, list(node_addresses.values()), session_env))
             if processes:
                 break
         else:
@@ -325,13 +350,12 @@ def print_verdicts(ratios: Mapping[str, float], names: Sequence[str], bar: float
 
 
 def bench_main(bench: Callable[[BenchEnv, int], Any], description: str | None, default_runs: int) -> int:
-    """The command line every benchmark shares: ``[--runs N] [--keep]``, then ``bench(env, runs)``."""
-    import argparse
-
+    """The command line every benchmark shares: ``[--runs N] [--keep] [--node-home H]``, then ``bench(env, runs)``."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=default_runs, help=f"timed rounds (default {default_runs})")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    add_node_home_option(parser)
     args = parser.parse_args()
-    with bench_env(keep=args.keep) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home) as env:
         bench(env, args.runs)
     return 0

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, bench_env, interleave, median, run, run_measured, run_measured_all  # noqa: E402
+from common import BenchEnv, Case, add_node_home_option, bench_env, interleave, median, run, run_measured, run_measured_all  # noqa: E402
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
@@ -163,7 +163,8 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_report(summary: dict[str, Any]) -> None:
-    print(f"16-node fleet, sglang/srt ({summary['files']} files) on each; {summary['runs']} interleaved runs, medians")
+    print(f"16-node fleet, sglang/srt ({summary['files']} files) on each; {summary['runs']} interleaved runs, medians; "
+          f"node sessions' HOME: {summary['node_home']}")
     print(f"before: {summary['load_before']}\nafter:  {summary['load_after']}  ({summary['nproc']} cores)\n")
     header = f"  {'case':<22} {'runs':>4} {'median s':>9} {'min s':>7} {'max s':>7} {'wire MB':>9} " \
              f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8}"
@@ -191,16 +192,18 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed rounds (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     started = time.time()
-    with bench_env(keep=args.keep, addresses=FLEET) as env:
+    with bench_env(keep=args.keep, addresses=FLEET, node_home=args.node_home) as env:
         config = env.sshd.dir / "sshd_config.0"
         listens = sum(1 for line in config.read_text().splitlines() if line.startswith("ListenAddress "))
         print(f"one sshd, {config.name}: {listens} ListenAddress lines", file=sys.stderr)
         summary = summarise(bench(env, args.runs))
     summary["seconds"] = round(time.time() - started, 1)
+    summary["node_home"] = args.node_home
     if args.json:
         print(json.dumps({"command": " ".join(["python3", "bench/fleet.py", *sys.argv[1:]]), **summary}, indent=2))
     else:

@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, bench_env, interleave, median, run,  # noqa: E402
+from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, median, run,  # noqa: E402
                     run_measured, run_measured_all)
 from helpers import toml_dumps  # noqa: E402
 
@@ -601,6 +601,7 @@ def main() -> int:
     only.add_argument("--rtt-only", action="store_true", help="only through the 20 ms RTT delay proxy")
     only.add_argument("--loopback-only", action="store_true", help="only over plain loopback")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -609,7 +610,7 @@ def main() -> int:
     started = time.time()
     load_before = uptime()
     print(f"start: {load_before}", file=sys.stderr)
-    with bench_env(keep=args.keep) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home) as env:
         suite = Suite(env, args.runs, args.slow_runs)
         try:
             missing = missing_commands(env)
@@ -639,12 +640,13 @@ def main() -> int:
         print(json.dumps({
             "command": " ".join(["python3", "bench/suite.py", *sys.argv[1:]]), "runs": args.runs,
             "slow_runs": args.slow_runs, "tree": tree_info, "nproc": os.cpu_count(),
-            "proxy_delay_ms_each_way": PROXY_DELAY_MS, "load_before": load_before, "load_after": load_after,
+            "proxy_delay_ms_each_way": PROXY_DELAY_MS, "node_home": args.node_home, "load_before": load_before, "load_after": load_after,
             "seconds": round(time.time() - started, 1), "rows": [r.to_json(rows) for r in rows],
             "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts], "not_available": suite.unavailable}, indent=2))
         return 1 if suite.unavailable else 0
     print(f"snapver benchmark suite: sglang/srt, {tree_info['files']} files, {tree_info['bytes'] / 1e6:.1f} MB; "
-          f"{args.runs} interleaved runs (+1 warm-up), medians; rtt20 = {2 * PROXY_DELAY_MS:g} ms RTT delay proxy")
+          f"{args.runs} interleaved runs (+1 warm-up), medians; rtt20 = {2 * PROXY_DELAY_MS:g} ms RTT delay proxy; "
+          f"node sessions' HOME: {args.node_home}")
     print(f"before: {load_before}\nafter:  {load_after}  ({time.time() - started:.0f} s, {os.cpu_count()} cores)\n")
     print(format_table(rows))
     notes = sorted({row.note for row in rows if row.note and row.times})

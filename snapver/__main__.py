@@ -1,3 +1,3 @@
-from snapver.cli import main
+from snapver.cli import run
 
-main()
+run()

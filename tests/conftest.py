@@ -114,8 +114,11 @@ def _keygen(path: Path, comment: str) -> None:
 MAX_LISTEN_SOCKS = 16
 
 
-def _sshd_config(folder: Path, port: int, addresses: list[str], index: int) -> str:
+def _sshd_config(folder: Path, port: int, addresses: list[str], index: int,
+                 session_env: Mapping[str, str] | None = None) -> str:
     listen = "".join(f"ListenAddress {address}\n" for address in addresses)
+    # SetEnv: the benchmarks give node sessions a HOME of their own (bench/common.py).
+    setenv = "".join(f'SetEnv {name}="{value}"\n' for name, value in (session_env or {}).items())
     return (
         f"Port {port}\n"
         f"{listen}"
@@ -140,6 +143,7 @@ def _sshd_config(folder: Path, port: int, addresses: list[str], index: int) -> s
         "X11Forwarding no\n"
         # Fabric's put/get speak SFTP; internal-sftp needs no helper binary.
         "Subsystem sftp internal-sftp\n"
+        f"{setenv}"
     )
 
 
@@ -155,7 +159,8 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-def _start_sshd(folder: Path, port: int) -> tuple[list[subprocess.Popen[bytes]], str]:
+def _start_sshd(folder: Path, port: int,
+                session_env: Mapping[str, str] | None = None) -> tuple[list[subprocess.Popen[bytes]], str]:
     """Start the sshd processes on ``port``: (processes, "") or ([], why not)."""
     addresses = list(NODE_ADDRESSES.values())
     processes = []
@@ -165,7 +170,7 @@ def _start_sshd(folder: Path, port: int) -> tuple[list[subprocess.Popen[bytes]],
         for index in range(0, len(addresses), MAX_LISTEN_SOCKS):
             chunk = addresses[index : index + MAX_LISTEN_SOCKS]
             config = folder / f"sshd_config.{index // MAX_LISTEN_SOCKS}"
-            config.write_text(_sshd_config(folder, port, chunk, index // MAX_LISTEN_SOCKS))
+            config.write_text(_sshd_config(folder, port, chunk, index // MAX_LISTEN_SOCKS, session_env))
             processes.append(
                 subprocess.Popen(
                     [SSHD_BINARY, "-D", "-e", "-f", str(config)],

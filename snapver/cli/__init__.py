@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -64,3 +65,28 @@ def main(argv: list[str] | None = None) -> None:
         print("hint: run again with -v for the traceback, and report it", file=sys.stderr)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def run() -> None:
+    """The ``snapver`` program: ``main``, then leave without the interpreter's teardown.
+
+    Freeing every object of a big pull took 70-150 ms after the work was done. By the time
+    ``main`` returns, every file it wrote is closed, the store lock released and its threads
+    joined (those left are daemons), so only the standard streams need flushing.
+    (``main`` itself returns normally, for callers running it in their own process.)
+    """
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away; a stream already closed
+            pass
+    os._exit(code)
