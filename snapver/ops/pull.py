@@ -187,9 +187,10 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
                                                on_progress), live))
                 marks = {}
+                manifests: dict[tuple[tuple[str, str, int, int, str | None], ...], Manifest] = {}
                 for result in (r for r in live if r.ok):
                     try:
-                        mark = _record(store, importer, result, digests, message)
+                        mark = _record(store, importer, result, digests, message, manifests)
                         if mark is not None:
                             marks[result.node] = mark
                     except SnapverError as exc:
@@ -335,8 +336,13 @@ def _compress_level(transport: Transport) -> int:
 
 
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],
-            message: str) -> int | None:
-    """Build the node's manifest; write a snapshot commit unless nothing changed."""
+            message: str, manifests: dict[tuple[tuple[str, str, int, int, str | None], ...], Manifest]) -> int | None:
+    """Build the node's manifest; write a snapshot commit unless nothing changed.
+
+    ``manifests``: those built so far in this pull, by what they hold; a node whose
+    listing holds the same paths, kinds, modes, sizes and blobs shares one (a fleet of
+    identical nodes builds, and the store serializes, one manifest instead of 16).
+    """
     assert result.listing is not None and result.transport is not None
     previous = result.parent_manifest
     result.files = len(result.listing.entries)
@@ -344,16 +350,10 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     if previous is not None and same_tree(previous, result.listing.entries):
         result.unchanged_since = result.parent
         return None
-    known = {e.oid: e.digest for e in previous} if previous else {}
-    unknown = [e.oid for e in result.listing.entries if e.oid not in digests and e.oid not in known]
-    if unknown:
-        for oid, data in store.read_blobs(unknown):
-            if blob_oid(data) != oid:
-                raise StoreError(f"object {oid} in the store does not match its id")
-            digests[oid] = blake3.blake3(data).hexdigest()
-    entries = [Entry(e.path, e.kind, e.mode, e.size, digests.get(e.oid) or known[e.oid], e.oid)
-               for e in result.listing.entries]
-    manifest = Manifest.of(entries)
+    key = tuple([(e.path, e.kind, e.mode, e.size, e.oid) for e in result.listing.entries])
+    manifest = manifests.get(key)
+    if manifest is None:
+        manifest = manifests[key] = _manifest(store, result.listing.entries, digests, previous)
     result.changed = count_changes(previous, manifest) if previous is not None else len(manifest)
     if previous is not None and result.changed == 0:
         result.unchanged_since = result.parent
@@ -374,6 +374,20 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now)
+
+
+def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:
+    """The manifest of a listing: blake3 digests from this pull's fetches, the previous
+    snapshot, or else the blobs in the store (read back and checked)."""
+    known = {e.oid: e.digest for e in previous} if previous else {}
+    unknown = [e.oid for e in entries if e.oid not in digests and e.oid not in known]
+    if unknown:
+        for oid, data in store.read_blobs(unknown):
+            if blob_oid(data) != oid:
+                raise StoreError(f"object {oid} in the store does not match its id")
+            digests[oid] = blake3.blake3(data).hexdigest()
+    return Manifest.of(Entry(e.path, e.kind, e.mode, e.size, digests.get(e.oid) or known[e.oid], e.oid)
+                       for e in entries)
 
 
 def same_tree(manifest: Manifest, entries: list[StatEntry]) -> bool:

@@ -429,9 +429,12 @@ class Importer:
         objects: dict[str, tuple[int, bytes]] = {}  # oid -> (type, content) of trees, manifests, commits
         needed: set[str] = set()  # what the commits name that must already be in the store
         roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
+        serialized: dict[int, bytes] = {}  # by id(): identical nodes' commits share one Manifest
         moves: dict[str, tuple[str, str | None]] = {}
         for mark, (ref, parent, manifest, message, when, files) in enumerate(self._commits, 1):
-            files = {**files, MANIFEST_PATH: manifest.serialize()}
+            if id(manifest) not in serialized:
+                serialized[id(manifest)] = manifest.serialize()
+            files = {**files, MANIFEST_PATH: serialized[id(manifest)]}
             extra = {path: blob_oid(data) for path, data in files.items()}
             objects.update((oid, (BLOB_TYPE, files[path])) for path, oid in extra.items())
             key = tuple(sorted(extra.items()))  # the manifest's blob id names every entry

@@ -152,11 +152,16 @@ def test_plain_console_writes_as_rich(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --------------------------------------------------------------------------- what is imported
 
-# Runs snapver as `python -m snapver` does, then writes the modules it imported as JSON.
+# Runs snapver as `python -m snapver` does, then writes the modules it imported as JSON
+# (when it leaves: `snapver.cli.run` ends with os._exit, which runs no atexit handlers).
 MODULES_SCRIPT = """
-import atexit, json, runpy, sys
+import json, os, runpy, sys
 report = sys.argv.pop(1)
-atexit.register(lambda: open(report, "w").write(json.dumps(sorted(sys.modules))))
+real_exit = os._exit
+def recording_exit(code):
+    open(report, "w").write(json.dumps(sorted(sys.modules)))
+    real_exit(code)
+os._exit = recording_exit
 sys.argv[0] = "snapver"
 runpy.run_module("snapver", run_name="__main__", alter_sys=True)
 """
