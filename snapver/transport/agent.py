@@ -3,8 +3,10 @@
 Standard library only, Python 3.8+. It never writes unless asked to by a write op, and
 never follows symlinks. Protocol (both directions): a frame is a 4-byte big-endian
 length and that many bytes; a request or reply is one frame of JSON; a stream is a
-run of frames ended by an empty one. Paths travel as JSON strings decoded with
-``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
+run of frames ended by an empty one. A request or reply of more than SQUEEZE_OVER
+bytes travels zlib-compressed, its length word marked by the top bit (a listing of the
+sglang tree: ~320 kB of JSON, ~70 kB on the wire). Paths travel as JSON strings decoded
+with ``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
 """
 
 import fnmatch
@@ -20,6 +22,8 @@ import zlib
 
 CHUNK = 1 << 20
 PROTOCOL = 1
+SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
+SQUEEZE_OVER = 16 << 10
 
 
 def _sha1():
@@ -45,6 +49,8 @@ class Channel:
 
     def recv(self):
         (size,) = struct.unpack(">I", self.read_exact(4))
+        if size & SQUEEZED:
+            return json.loads(zlib.decompress(self.read_exact(size & ~SQUEEZED)).decode("utf-8"))
         return json.loads(self.read_exact(size).decode("utf-8")) if size else None
 
     def recv_frame(self):
@@ -53,7 +59,11 @@ class Channel:
 
     def send(self, message):
         data = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        self.wfile.write(struct.pack(">I", len(data)) + data)
+        size = len(data)
+        if size > SQUEEZE_OVER:
+            data = zlib.compress(data, 1)
+            size = len(data) | SQUEEZED
+        self.wfile.write(struct.pack(">I", size) + data)
         self.wfile.flush()
 
     def send_frame(self, data):
@@ -265,8 +275,9 @@ def op_list(channel, request):
 
     A file whose stat matches the client's cache keeps its cached blob id unless its
     times are too close to when that cache was made to be trusted (git's racy check).
-    With ``delta``, rows exactly equal to the cache are not sent, only counted
-    (``same``), and cached paths no longer there are named (``gone``).
+    With ``delta``, such files are not sent, only counted (``same``): the client has
+    their rows (its cache then holds no blob ids); cached paths no longer there are
+    named (``gone``).
     """
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
@@ -291,6 +302,10 @@ def op_list(channel, request):
             cached = cache.get(rel)
             key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
             if cached and cached[:5] == key and max(st.st_mtime_ns, st.st_ctime_ns) < racy_after:
+                if delta:
+                    listed.append(rel)
+                    same += 1
+                    continue
                 oid = cached[5]
             elif want_oids:
                 full = os.path.join(site, rel)
@@ -304,11 +319,8 @@ def op_list(channel, request):
                 size = len(data)
                 hashed += 1
         listed.append(rel)
-        if delta and cached and cached == [size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, oid]:
-            same += 1
-        else:
-            entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
-                            st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+        entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
+                        st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
     channel.listed = listed  # for a read of "listed" paths
     reply = {"now_ns": now_ns, "entries": entries, "hashed": hashed}
     if delta:

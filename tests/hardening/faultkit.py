@@ -286,9 +286,10 @@ class CuttingProxy:
 
 AGENT_WRAPPER = '''#!{python}
 """A compromised node's python: runs the agent snapver sends, with {payload} spliced in."""
-import re, sys
+import re, sys, zlib
 code = sys.argv[sys.argv.index("-c") + 1]
-source = sys.stdin.buffer.read(int(re.search(r"read\\((\\d+)\\)", code).group(1))).decode()
+source = sys.stdin.buffer.read(int(re.search(r"read\\((\\d+)\\)", code).group(1)))
+source = (zlib.decompress(source) if "zlib.decompress" in code else source).decode()
 with open({payload!r}) as handle:
     payload = handle.read()
 marker = '\\nif __name__ == "__main__"'

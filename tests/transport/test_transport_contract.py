@@ -6,6 +6,7 @@ Every answer is checked against the live files read here with os/hashlib, never 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -292,6 +293,28 @@ def test_listing_against_a_cache_sends_only_what_differs(connect, make_site_pack
     assert {e.path for e in rebuilt.entries} == {e.path for e in first.entries} - {f"{SRT}/2.py"} | {f"{SRT}/new.py"}
     assert rebuilt.by_path()[f"{SRT}/3.py"].kind == "l"
     assert rebuilt.hashed == 2  # 1.py and new.py
+
+
+def test_big_listings_and_caches_travel_compressed(connect, make_site_packages) -> None:
+    """A listing of 1,500 files (and the cache sent back for a re-listing) is JSON of
+    ~100 kB each; on the wire both are compressed, and the listing is still exact."""
+    files = {f"{SRT}/layers/quantization/kernels/module_{i:04d}.py": f"value = {i}\n" for i in range(1500)}
+    site = make_site_packages("n", files=files)
+    transport = connect(site)
+    received = transport.bytes_received
+    first = transport.list_tree()
+    listing_wire = transport.bytes_received - received
+    assert {e.path: e.oid for e in first.entries} == {p: blob_id(d.encode()) for p, d in files.items()}
+    rows = [[e.path, e.kind, e.mode, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.oid, e.target] for e in first.entries]
+    listing_json = len(json.dumps({"now_ns": first.now_ns, "entries": rows, "hashed": 1500}, separators=(",", ":")))
+    assert listing_wire * 3 < listing_json, (listing_wire, listing_json)
+
+    cache = first.by_path()
+    cache_json = len(json.dumps({path: list(entry.stat_key) for path, entry in cache.items()}, separators=(",", ":")))
+    sent = transport.bytes_sent
+    again = transport.list_tree(cache, first.now_ns + 10 * 10**9)
+    assert (transport.bytes_sent - sent) * 3 < cache_json, (transport.bytes_sent - sent, cache_json)
+    assert again.by_path() == cache and again.hashed == 0
 
 
 def test_stat_cache_skips_hashing_but_catches_same_size_same_mtime_changes(connect, make_site_packages) -> None:
