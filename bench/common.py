@@ -182,6 +182,15 @@ def run_measured_all(commands: Sequence[Sequence[str]], check: bool = True,
     return results
 
 
+def machine_cpu_seconds() -> float:
+    """CPU time every process on this machine has used since boot (/proc/stat, all cores):
+    the difference around a run is what it cost the whole machine, nodes included."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run_measured(command: Sequence[str], check: bool = True,
                  **kwargs: Any) -> tuple[subprocess.CompletedProcess[bytes], int]:
     """``run`` that also returns the command's peak resident memory in KiB (see ``run_measured_all``)."""

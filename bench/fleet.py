@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, bench_env, interleave, median, run, run_measured, run_measured_all  # noqa: E402
+from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_seconds, interleave, median, run, run_measured, run_measured_all  # noqa: E402
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
@@ -81,12 +81,14 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
 
     def snapver_pull(name: str, *targets: str) -> Case:
         def body(_round: int) -> None:
+            cpu = machine_cpu_seconds()
             done, peak = run_measured([sys.executable, "-m", "snapver", "pull", "--json", *targets],
                                       cwd=project, env=snapver_env)
+            cpu = machine_cpu_seconds() - cpu
             nodes = json.loads(done.stdout)["nodes"]
             if len(nodes) != (len(FLEET) if "--all" in targets else 1) or not all(n["ok"] for n in nodes):
                 raise RuntimeError(f"snapver pull {' '.join(targets)}: {nodes}")
-            record(name, peak_kib=peak, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
+            record(name, peak_kib=peak, machine_cpu_s=cpu, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
                    wire_bytes=sum(n["wire_bytes"] for n in nodes),
                    fetched_files=sum(n["fetched_files"] for n in nodes),
                    nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
@@ -99,11 +101,14 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
                      env.remote(node, f"{sites[node]}/sglang/srt/"), f"{copies / node}/"] for node in nodes]
 
         def body(_round: int) -> None:
+            cpu = machine_cpu_seconds()
             done = run_measured_all(commands)
+            cpu = machine_cpu_seconds() - cpu
             transferred = [_rsync_bytes(d) for d, _peak in done]
             if any(count != files for count, _bytes in transferred):
                 raise RuntimeError(f"{name}: files transferred {[c for c, _b in transferred]}, wanted {files}")
-            record(name, peak_kib=sum(p for _d, p in done), wire_bytes=sum(b for _c, b in transferred))
+            record(name, peak_kib=sum(p for _d, p in done), machine_cpu_s=cpu,
+                   wire_bytes=sum(b for _c, b in transferred))
 
         def setup(_round: int) -> None:
             shutil.rmtree(copies, ignore_errors=True)
@@ -136,6 +141,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
                      "fetched_bytes": int(median([f["fetched_bytes"] for f in kept])) if "fetched_bytes" in kept[0]
                      else None,
                      "nodes_sending_files": kept[-1].get("nodes_sending_files"),
+                     "machine_cpu_s": round(median([f["machine_cpu_s"] for f in kept]), 2),
                      "peak_kib": max(f["peak_kib"] for f in kept)})
     by = {row["case"]: row for row in rows}
     fleet, one = by["snapver pull --all"], by["snapver pull fleet00"]
@@ -167,14 +173,18 @@ def print_report(summary: dict[str, Any]) -> None:
           f"node sessions' HOME: {summary['node_home']}")
     print(f"before: {summary['load_before']}\nafter:  {summary['load_after']}  ({summary['nproc']} cores)\n")
     header = f"  {'case':<22} {'runs':>4} {'median s':>9} {'min s':>7} {'max s':>7} {'wire MB':>9} " \
-             f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8}"
+             f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8} {'machine CPU s':>13}"
     print(header)
     for row in summary["rows"]:
         fetched = f"{row['fetched_bytes'] / 1e6:.2f}" if row["fetched_bytes"] is not None else "-"
         sending = row["nodes_sending_files"] if row["nodes_sending_files"] is not None else "-"
         print(f"  {row['case']:<22} {row['runs']:>4} {row['median_s']:>9.3f} {row['min_s']:>7.3f} "
               f"{row['max_s']:>7.3f} {row['wire_bytes'] / 1e6:>9.2f} {fetched:>10} {sending:>19} "
-              f"{row['peak_kib'] / 1024:>8.0f}")
+              f"{row['peak_kib'] / 1024:>8.0f} {row['machine_cpu_s']:>13.2f}")
+    # The nodes share this machine's cores with the client: a wall time near CPU / cores
+    # means the run was bound by the CPU that all of them needed, not by waiting.
+    print(f"  (machine CPU s: all processes, nodes included; on {summary['nproc']} cores a run takes at least "
+          f"machine CPU / {summary['nproc']})")
     print("\nratios (medians):")
     for name, value in summary["ratios"].items():
         print(f"  {name:<48} {value:>7.2f}x")
