@@ -35,6 +35,10 @@ class RawChannel:
     stdin: IO[bytes]
     stdout: IO[bytes]
     close: Any  # () -> str: ends the process, returns what it wrote on stderr
+    # () -> None: end a session whose agent was told ``bye``, without waiting for it to exit
+    # (over SSH that wait is a round trip; the agent exits at the bye, or at the EOF the
+    # closed connection gives it). None: ``close``.
+    leave: Any = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class Transport(ABC):
         self.spec = spec
         self._info: NodeInfo | None = None
         self._hello_pending = False
+        self._unanswered = 0  # requests sent whose replies have not been read
         self.bytes_received = 0
         self.bytes_sent = 0
         self._channel: RawChannel | None = None
@@ -129,6 +134,7 @@ class Transport(ABC):
             raise self._dead(exc) from exc
         self._send({"op": "hello", "paths": list(self.spec.paths), "site_packages": self.spec.site_packages})
         self._hello_pending = True
+        self._unanswered += 1
         return self
 
     @property
@@ -155,13 +161,17 @@ class Transport(ABC):
         return self._channel is not None and (self._hello_pending or self._info is not None)
 
     def close(self) -> None:
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
+        channel = self._channel
+        if channel is not None:
             try:
-                self._send({"op": "bye"})
-            except (OSError, TransportError):
+                self._send({"op": "bye"})  # the agent ends when it reads it
+            except TransportError:  # the agent is gone (and its channel closed)
                 pass
-            channel.close()
+            if self._channel is not None:
+                self._channel = None
+                # In step, nothing left to hear: leave at once. Else (a request still
+                # running, an interrupt) wait for the agent to finish and exit.
+                (channel.leave if channel.leave and not self._unanswered else channel.close)()
         self._disconnect()
 
     def __enter__(self) -> "Transport":
@@ -183,6 +193,7 @@ class Transport(ABC):
         """
         args.setdefault("site_packages", self.spec.site_packages)
         self._send({"op": op, **args})
+        self._unanswered += 1
 
         def reply() -> dict[str, Any]:
             if self._hello_pending:
@@ -192,6 +203,7 @@ class Transport(ABC):
         return reply
 
     def _reply(self) -> dict[str, Any]:
+        self._unanswered -= 1
         try:
             reply = json.loads(self._recv_message())
         except (ValueError, zlib.error):

@@ -280,7 +280,14 @@ class SshTransport(Transport):
             channel.close()
             return text
 
-        return RawChannel(stdin, stdout, close)
+        def leave() -> None:
+            try:
+                channel.shutdown_write()
+            except (OSError, paramiko.SSHException, EOFError):
+                pass
+            channel.close()
+
+        return RawChannel(stdin, stdout, close, leave)
 
     def _disconnect(self) -> None:
         if self._connection is not None:

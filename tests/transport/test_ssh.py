@@ -285,3 +285,34 @@ def test_unanswering_node_is_exit_3_within_connect_timeout(request, site, ssh_no
     assert_clean_error(result, 3)
     assert f"ct200: root@127.0.0.200:{port} did not" in result.err and f"within {timeout} s" in result.err
     assert timeout * 0.9 <= elapsed < timeout + startup + 1.5, f"took {elapsed:.1f} s\n{result}"
+
+
+# --------------------------------------------------------------------------- the agent's end
+
+def agent_processes(marker: str) -> list[int]:
+    """Pids of processes whose command line names ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_agent_ends_with_the_command(sshd, site, ssh_node, write_config, run_snapver, tmp_path) -> None:
+    """The client leaves a finished session without waiting for the agent to exit (a round
+    trip saved); the agent ends at its ``bye``: nothing of snapver stays on the node."""
+    python = tmp_path / "node-bin" / "python3"
+    python.parent.mkdir()
+    python.symlink_to(subprocess.run(["sh", "-c", "command -v python3"], capture_output=True, text=True,
+                                     check=True).stdout.strip())
+    write_config({"ct200": ssh_node("ct200", site, python=str(python))})
+    for args in (["pull", "ct200"], ["diff", "-q", "ct200@latest", "ct200"], ["status"]):
+        result = run_snapver(*args)
+        assert result.code == 0, result
+        deadline = time.monotonic() + 5
+        while agent_processes(str(python)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent_processes(str(python)) == [], f"an agent outlived `snapver {' '.join(args)}`"
