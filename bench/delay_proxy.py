@@ -44,8 +44,9 @@ class DelayedPipe:
     """One direction of a connection: read chunks, write each one ``delay`` seconds later."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 delay: float, max_buffer: int) -> None:
+                 delay: float, max_buffer: int, read_socket: socket.socket | None = None) -> None:
         self.reader = reader
+        self.read_socket = read_socket
         self.writer = writer
         self.delay = delay
         self.max_buffer = max_buffer
@@ -62,6 +63,7 @@ class DelayedPipe:
                     self.drained.clear()
                     await self.drained.wait()
                 data = await self.reader.read(READ_SIZE)
+                _quick_ack(self.read_socket)
                 self.queue.append((loop.time() + self.delay, data))
                 self.buffered += len(data)
                 self.arrived.set()
@@ -94,6 +96,21 @@ class DelayedPipe:
             return
 
 
+def _quick_ack(sock: socket.socket | None) -> None:
+    """ACK what this side received now (Linux TCP_QUICKACK, renewed after every read).
+
+    The proxy ends each TCP connection in the middle of the link, so its own kernel's
+    ACKs stand in for the far end's. Delayed (up to 40 ms) they held back the small
+    messages an SSH server sends after one we do not answer (Nagle): stalls no real
+    link has. A wire's ACKs are not delayed by the wire.
+    """
+    if sock is not None and hasattr(socket, "TCP_QUICKACK"):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+
 ACTIVE = {"connections": 0}
 
 
@@ -120,8 +137,8 @@ async def _forward(client_reader: asyncio.StreamReader, client_writer: asyncio.S
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    pipes = [DelayedPipe(client_reader, server_writer, delay, max_buffer),
-             DelayedPipe(server_reader, client_writer, delay, max_buffer)]
+    pipes = [DelayedPipe(client_reader, server_writer, delay, max_buffer, client_writer.get_extra_info("socket")),
+             DelayedPipe(server_reader, client_writer, delay, max_buffer, server_writer.get_extra_info("socket"))]
     try:
         await asyncio.gather(*(side for pipe in pipes for side in (pipe.read_side(), pipe.write_side())))
     except asyncio.CancelledError:

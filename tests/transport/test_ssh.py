@@ -316,3 +316,25 @@ def test_agent_ends_with_the_command(sshd, site, ssh_node, write_config, run_sna
         while agent_processes(str(python)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert agent_processes(str(python)) == [], f"an agent outlived `snapver {' '.join(args)}`"
+
+
+def test_ssh_socket_sends_and_acks_at_once(sshd, site, ssh_node, tmp_path) -> None:
+    """paramiko sends each SSH message on its own: the socket must not hold small ones back
+    (TCP_NODELAY) nor delay its ACKs (TCP_QUICKACK, renewed on every read), else Nagle
+    costs ~40 ms three times per handshake. And the session still works on it."""
+    import socket as socket_module
+
+    from snapver.config import parse_config
+    from snapver.transport.base import open_transport
+    from snapver.transport.ssh import _QuickAckSocket
+
+    spec = parse_config({"nodes": {"ct200": ssh_node("ct200", site)}}, tmp_path / ".snapver").nodes["ct200"]
+    transport = open_transport(spec)
+    try:
+        assert transport.open().site_packages == str(site)
+        sock = transport._connection.transport.sock  # type: ignore[attr-defined]
+        assert isinstance(sock, _QuickAckSocket)
+        assert sock.getsockopt(socket_module.IPPROTO_TCP, socket_module.TCP_NODELAY) == 1
+        assert [e.path for e in transport.list_tree().entries] == [f"{SRT}/a.py"]
+    finally:
+        transport.close()
