@@ -10,7 +10,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 FILE = "f"
 LINK = "l"
@@ -45,9 +45,12 @@ class Entry:
         return (self.kind, self.digest, self.mode) == (other.kind, other.digest, other.mode)
 
 
-@dataclass(frozen=True)
-class StatEntry:
-    """One path as a node lists it: what it is, its stat, and its git blob id."""
+class StatEntry(NamedTuple):
+    """One path as a node lists it: what it is, its stat, and its git blob id.
+
+    A named tuple, not a frozen dataclass: listings make thousands per node, and a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__`` (2,602 rows:
+    ~9 ms against ~2 ms)."""
 
     path: str
     kind: str
