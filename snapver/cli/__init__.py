@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -74,7 +75,13 @@ def run() -> None:
     ``main`` returns, every file it wrote is closed, the store lock released and its threads
     joined (those left are daemons), so only the standard streams need flushing.
     (``main`` itself returns normally, for callers running it in their own process.)
+
+    The cyclic garbage collector is off: a command lives seconds, reference counting
+    frees nearly everything, and what is left in cycles is freed at exit. Listings of
+    thousands of rows per node made it run hundreds of times, over every object: 45 ms
+    of a one-node pull, 200-280 ms of a 16-node pull, 460 ms of a 16-node re-pull.
     """
+    gc.disable()
     try:
         main()
         code = 0

@@ -210,7 +210,9 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
         for result in results:
             if result.ok and result.listing is not None:
                 head = result.snapshot or result.unchanged_since
-                if head:
+                # A cache the node found exactly as it was stays as it is (its time too:
+                # every file it trusts was trusted at that time, and is still unchanged).
+                if head and not (result.listing.as_cached and head == result.parent):
                     save_stat_cache(store, result.node, head, result.listing)
                 if tag and head:
                     store.update_ref(refs.tag_ref(tag if len(specs) == 1 else f"{tag}-{result.node}"), head)

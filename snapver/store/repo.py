@@ -62,6 +62,10 @@ class Store:
         self._repo: Any = None
         self._cat: subprocess.Popen[bytes] | None = None
         self._cat_lock = threading.Lock()
+        # Parsed manifests by their text: the nodes of a fleet usually share one, and a
+        # manifest is never changed in place (edits build a new one).
+        self._manifests: dict[bytes, Manifest] = {}
+        self._manifests_lock = threading.Lock()
         # Objects seen in the repository. Git removes none a ref reaches, and compaction
         # keeps the others (repack -k): a second question about them needs no git process.
         self._present: set[str] = set()
@@ -278,10 +282,14 @@ class Store:
             data = self.read_blob(f"{commit}:{MANIFEST_PATH}")
         except StoreError as exc:
             raise StoreError(f"commit {commit[:10]} has no manifest ({MANIFEST_PATH})") from exc
-        try:
-            return Manifest.parse(data)
-        except (ValueError, KeyError, IndexError) as exc:
-            raise StoreError(f"commit {commit[:10]}: corrupt manifest: {exc}") from exc
+        with self._manifests_lock:
+            manifest = self._manifests.get(data)
+            if manifest is None:
+                try:
+                    manifest = self._manifests[data] = Manifest.parse(data)
+                except (ValueError, KeyError, IndexError) as exc:
+                    raise StoreError(f"commit {commit[:10]}: corrupt manifest: {exc}") from exc
+        return manifest
 
     def ls_tree(self, commit: str) -> dict[str, tuple[str, str]]:
         """``{path: (mode, oid)}`` of every blob in a commit's tree (manifest excluded)."""

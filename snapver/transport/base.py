@@ -48,6 +48,9 @@ class Listing:
     now_ns: int
     entries: list[StatEntry]
     hashed: int
+    # A listing against a cache in which the node found every cached file unchanged
+    # and nothing else: the cache still holds (its rows, its time) as it was.
+    as_cached: bool = False
 
     def by_path(self) -> dict[str, StatEntry]:
         return {entry.path: entry for entry in self.entries}
@@ -306,7 +309,8 @@ class Transport(ABC):
                 if len(same) != reply["same"]:
                     raise ValueError(f"{reply['same']} rows said unchanged, {len(same)} left in the cache")
                 entries += same
-            listing = Listing(int(reply["now_ns"]), entries, int(reply["hashed"]))
+            listing = Listing(int(reply["now_ns"]), entries, int(reply["hashed"]),
+                              as_cached=bool(cache) and not reply["entries"] and not reply["gone"])
         except (KeyError, TypeError, ValueError) as exc:
             raise TransportError(f"{self.spec.name}: malformed listing from the agent: {exc}") from None
         unsafe = unsafe_listing_path(entries, self.spec.paths)

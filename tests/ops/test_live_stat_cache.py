@@ -70,3 +70,26 @@ def test_checksum_hashes_everything_even_when_the_stats_say_unchanged(pulled) ->
     assert checking.code == 0, checking  # the node hashed every file: identical
     status = run_inproc("--config", config, "status", "--checksum", "ct200")
     assert status.code == 0, status
+
+
+def test_an_unchanged_repull_keeps_the_cache_and_still_sees_the_next_edit(pulled) -> None:
+    """A re-pull whose node found every cached file as it was leaves the cache file alone
+    (time included); an edit made afterwards, even one keeping size and mtime, is still
+    hashed and recorded by the next pull."""
+    config, site = pulled
+    store = Store(load_config(str(config)).store_path)
+    cache_file = stat_cache_path(store, "ct200")
+    kept = cache_file.read_bytes()
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out, result
+    assert cache_file.read_bytes() == kept
+
+    target = site / "sglang/srt/m4.py"
+    before = target.stat()
+    target.write_text("value = 5\n")  # same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
+    assert cache_file.read_bytes() != kept
+    assert json.loads(cache_file.read_text())["entries"]["sglang/srt/m4.py"][5] != json.loads(kept)["entries"][
+        "sglang/srt/m4.py"][5]
