@@ -187,7 +187,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
                                                on_progress), live))
                 marks = {}
-                manifests: dict[tuple[tuple[str, str, int, int, str | None], ...], Manifest] = {}
+                manifests: SharedManifests = {}
                 for result in (r for r in live if r.ok):
                     try:
                         mark = _record(store, importer, result, digests, message, manifests)
@@ -337,8 +337,12 @@ def _compress_level(transport: Transport) -> int:
     return 1 if compress == "zlib" or (compress == "auto" and transport.ping() > COMPRESS_RTT_SECONDS) else 0
 
 
+# The manifests built in one pull, by what their listings hold: (path, kind, mode, size, blob id) each.
+SharedManifests = dict[tuple[tuple[str, str, int, int, str | None], ...], Manifest]
+
+
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],
-            message: str, manifests: dict[tuple[tuple[str, str, int, int, str | None], ...], Manifest]) -> int | None:
+            message: str, manifests: SharedManifests) -> int | None:
     """Build the node's manifest; write a snapshot commit unless nothing changed.
 
     ``manifests``: those built so far in this pull, by what they hold; a node whose
