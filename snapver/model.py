@@ -213,6 +213,14 @@ def unquote_path(text: str) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+_GIT_ID = re.compile(r"[0-9a-f]{40}")
+
+
+def is_git_id(text: str) -> bool:
+    """A full git object id as git prints it: 40 lowercase hex digits."""
+    return _GIT_ID.fullmatch(text) is not None
+
+
 def is_safe_relpath(path: str) -> bool:
     """A path relative to site-packages that stays inside it: no absolute, no ``..``."""
     if not path or path.startswith("/") or "\0" in path:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from snapver.errors import StoreError
-from snapver.model import MANIFEST_PATH, Entry, Manifest, quote_path
+from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
 from snapver.store.lock import store_lock
@@ -458,7 +458,7 @@ class Importer:
                 needed.update(e.oid for e in manifest.entries.values())
                 roots[key] = root
             if parent is not None:
-                if not _is_hex_oid(parent):
+                if not is_git_id(parent):
                     raise StoreError(f"cannot record {ref}: parent {parent!r} is not a commit id")
                 needed.add(parent)
             body = _commit_object(root, parent, message, when)
@@ -517,10 +517,6 @@ class Importer:
     def _contains(self, commit: str, ancestor: str) -> bool:
         return subprocess.run(["git", "--git-dir", str(self.store.path), "merge-base", "--is-ancestor",
                                ancestor, commit], capture_output=True).returncode == 0
-
-
-def _is_hex_oid(text: str) -> bool:
-    return len(text) == 40 and all(ch in "0123456789abcdef" for ch in text)
 
 
 def tree_objects(leaves: Iterable[tuple[str, str, str]]) -> tuple[str, list[tuple[str, bytes]]]:

@@ -222,7 +222,6 @@ def read_stable(full, st):
         try:
             data = os.read(fd, st.st_size + 1)
             if len(data) != st.st_size:  # it grew or shrank, or is too large for one read()
-                data = None
                 os.lseek(fd, 0, os.SEEK_SET)
                 with open(fd, "rb", buffering=0, closefd=False) as handle:
                     data = handle.read()
@@ -292,7 +291,6 @@ def op_list(channel, request):
     for rel, st in walk(site, request["paths"], request.get("exclude") or []):
         target = None
         oid = None
-        cached = None
         if stat.S_ISLNK(st.st_mode):
             target = os.fsdecode(os.readlink(os.path.join(site, rel)))
             oid = blob_id(fs(target))

@@ -20,7 +20,7 @@ from typing import IO, Any, Callable, Iterator
 
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, TransportError
-from snapver.model import FILE, LINK, DistInfo, NodeInfo, StatEntry, is_safe_relpath
+from snapver.model import FILE, LINK, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
 from snapver.transport.agent import SQUEEZE_OVER, SQUEEZED
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
@@ -403,9 +403,6 @@ def _text(value: Any) -> str:
     return value
 
 
-_BLOB_ID = re.compile(r"[0-9a-f]{40}").fullmatch
-
-
 def _checked_row(row: Any) -> tuple[Any, ...]:
     """A listing row with the types StatEntry holds (a node's reply is not trusted)."""
     if type(row) is not list or len(row) != 9:
@@ -414,7 +411,7 @@ def _checked_row(row: Any) -> tuple[Any, ...]:
     if not (type(path) is str and type(mode) is int and type(size) is int and type(mtime_ns) is int
             and type(ctime_ns) is int and type(ino) is int and size >= 0):
         raise TypeError(f"bad field types in {row!r}")
-    if oid is not None and not (type(oid) is str and _BLOB_ID(oid)):
+    if oid is not None and not (type(oid) is str and is_git_id(oid)):
         raise ValueError(f"bad blob id in {row!r}")
     if not (target is None or type(target) is str):
         raise TypeError(f"bad link target in {row!r}")

@@ -326,10 +326,7 @@ class SshTransport(Transport):
             return text
 
         def leave() -> None:
-            try:
-                channel.shutdown_write()
-            except (OSError, paramiko.SSHException, EOFError):
-                pass
+            stdin.close()  # end-of-file on the agent's stdin
             channel.close()
 
         return RawChannel(stdin, stdout, close, leave)
