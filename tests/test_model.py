@@ -105,11 +105,13 @@ def test_entry_git_mode_and_same_content() -> None:
     assert not _entry("a").same_content(_entry("a", kind="l"))
 
 
-@pytest.mark.parametrize("path", ["sglang/srt/x.py", "a", "a/b c/d", "sglang/srt/..x", "x/.hidden"])
+@pytest.mark.parametrize("path", ["sglang/srt/x.py", "a", "a/b c/d", "sglang/srt/..x", "x/.hidden", "...", "a/b..",
+                                  "a/.x/b", "a\nb/c"])
 def test_safe_relpaths(path: str) -> None:
     assert is_safe_relpath(path)
 
 
-@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../b", "a/./b", "a//b", "a/", "a\0b", ".."])
+@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../b", "a/./b", "a//b", "a/", "a\0b", "..", ".",
+                                  "./a", "a/.", "a/..", "/", "//"])
 def test_unsafe_relpaths(path: str) -> None:
     assert not is_safe_relpath(path)

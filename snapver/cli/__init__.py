@@ -82,6 +82,7 @@ def run() -> None:
     of a one-node pull, 200-280 ms of a 16-node pull, 460 ms of a 16-node re-pull.
     """
     gc.disable()
+    _keep_freed_memory()
     try:
         main()
         code = 0
@@ -97,3 +98,24 @@ def run() -> None:
         except (OSError, ValueError):  # a reader that went away; a stream already closed
             pass
     os._exit(code)
+
+
+def _keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory a command frees, for its next allocations.
+
+    By default each buffer over 128 KiB (a file's content, a decompressed piece of a
+    stream) is a fresh mapping returned to the kernel when freed, so the next one faults
+    in every page again: 70,000-95,000 page faults in a one-node first pull, ~0.1 s of
+    kernel time; 40,000 with these settings. A command lives seconds; what it frees
+    goes back to the system at exit. Elsewhere than glibc this does nothing.
+    """
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ImportError, OSError, AttributeError):
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    mallopt(M_MMAP_THRESHOLD, 256 << 20)  # up to 256 MiB from the heap, not its own mapping
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)  # never give the heap's top back during the run
+    mallopt(M_TOP_PAD, 64 << 20)  # and grow it in 64 MiB steps

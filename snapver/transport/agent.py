@@ -217,29 +217,74 @@ def read_stable(full, st):
     neither old nor new; one whose ctime is under SETTLE_NS old is read only once it has
     stayed the same that long.
     """
+    return _stable(full, st, _read_whole)
+
+
+def hash_stable(full, st, algo=None):
+    """Like read_stable, for the hex digest of the content (``algo``: a hashlib name;
+    None: its git blob id) without holding it: returns (digest, stat)."""
+    return _stable(full, st, lambda fd, st: _hash_chunks(fd, st, algo))
+
+
+def _stable(full, st, read):
     for _ in range(5):
-        fd = os.open(full, os.O_RDONLY)  # os.read: no buffered file object, one read() per file
+        fd = os.open(full, os.O_RDONLY)  # os.read: no buffered file object
         try:
-            data = os.read(fd, st.st_size + 1)
-            if len(data) != st.st_size:  # it grew or shrank, or is too large for one read()
-                os.lseek(fd, 0, os.SEEK_SET)
-                with open(fd, "rb", buffering=0, closefd=False) as handle:
-                    data = handle.read()
+            result, length = read(fd, st)
             after = os.fstat(fd)
         finally:
             os.close(fd)
         key = (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns)
-        if key == (st.st_ino, len(data), st.st_mtime_ns, st.st_ctime_ns):
+        if key == (st.st_ino, length, st.st_mtime_ns, st.st_ctime_ns):
             quiet = time.time_ns() - after.st_ctime_ns
             if quiet >= SETTLE_NS:
-                return data, after
+                return result, after
             time.sleep(min(SETTLE_NS, SETTLE_NS - quiet) / 1e9)
             st = os.lstat(full)
             if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == key:
-                return data, after
+                return result, after
         else:
             st = after
     raise AgentError("%s: keeps changing while read" % full, "remote")
+
+
+def _read_whole(fd, st):
+    data = os.read(fd, st.st_size + 1)  # one read() per file; +1 sees a file that grew
+    if len(data) != st.st_size:  # it grew or shrank, or is too large for one read()
+        os.lseek(fd, 0, os.SEEK_SET)
+        with open(fd, "rb", buffering=0, closefd=False) as handle:
+            data = handle.read()
+    return data, len(data)
+
+
+_CHUNK_BUFFER = []
+
+
+def _hash_chunks(fd, st, algo):
+    """(hex digest, bytes read) of fd, read in CHUNK pieces into one reused buffer: a
+    bytes object per large file is a fresh mapping whose every page faults in. Stops at
+    st_size + 1 bytes: enough to see that the file grew."""
+    if not _CHUNK_BUFFER:
+        _CHUNK_BUFFER.append(memoryview(bytearray(CHUNK)))
+    buffer = _CHUNK_BUFFER[0]
+    if algo is None:
+        digest = _sha1()
+        digest.update(b"blob %d\0" % st.st_size)
+    else:
+        digest = hashlib.new(algo)
+    length = 0
+    while True:
+        want = min(CHUNK, st.st_size + 1 - length)
+        if want <= 0:
+            break
+        got = os.readv(fd, [buffer[:want]])
+        if not got:
+            break
+        digest.update(buffer[:got])
+        length += got
+        if got < want and length == st.st_size:  # the end, where it was listed to be
+            break
+    return digest.hexdigest(), length
 
 
 def walk(site, tracked_paths, patterns):
@@ -308,13 +353,12 @@ def op_list(channel, request):
             elif want_oids:
                 full = os.path.join(site, rel)
                 try:
-                    data, st = read_stable(full, st)
+                    oid, st = hash_stable(full, st)
                 except FileNotFoundError:
                     continue
                 except PermissionError:
                     raise AgentError("%s: permission denied" % full, "path")
-                oid = blob_id(data)
-                size = len(data)
+                size = st.st_size
                 hashed += 1
         listed.append(rel)
         entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
@@ -399,15 +443,11 @@ def op_hash(channel, request):
             result[rel] = None
             continue
         if stat.S_ISLNK(st.st_mode):
-            data = fs(os.readlink(full))
+            result[rel] = hashlib.new(algo, fs(os.readlink(full))).hexdigest()
         elif stat.S_ISREG(st.st_mode):
-            data, st = read_stable(full, st)
+            result[rel] = hash_stable(full, st, algo)[0]
         else:
             result[rel] = None
-            continue
-        digest = hashlib.new(algo)
-        digest.update(data)
-        result[rel] = digest.hexdigest()
     channel.send({"hashes": result})
 
 
@@ -451,8 +491,8 @@ def path_state(full):
     if stat.S_ISLNK(st.st_mode):
         return ["l", blob_id(fs(os.readlink(full))), st.st_mode]
     if stat.S_ISREG(st.st_mode):
-        data, st = read_stable(full, st)
-        return ["f", blob_id(data), st.st_mode]
+        oid, st = hash_stable(full, st)
+        return ["f", oid, st.st_mode]
     return ["other", None, st.st_mode]
 
 

@@ -22,6 +22,7 @@ from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, TransportError
 from snapver.model import FILE, LINK, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
 from snapver.transport.agent import SQUEEZE_OVER, SQUEEZED
+from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
 # What the node is sent: the source compressed (27 kB -> ~8 kB a connection).
@@ -337,30 +338,17 @@ class Transport(ABC):
                      compress_level: int) -> Iterator[tuple[str, str | None, bytes]]:
         reply()
         decompressor = zlib.decompressobj() if compress_level else None
-        buffer = bytearray()
-        offset = 0  # consumed bytes at the front of buffer (compacted lazily)
+        stream = ByteQueue()
         wanted = set(paths)
         finished = False
 
-        def fill(size: int) -> bool:
-            nonlocal buffer, offset
-            while len(buffer) - offset < size:
+        def take(size: int) -> bytes:
+            while stream.size < size:
                 frame = self._recv_frame()
                 if not frame:
-                    return False
-                if offset:
-                    del buffer[:offset]
-                    offset = 0
-                buffer += decompressor.decompress(frame) if decompressor else frame
-            return True
-
-        def take(size: int) -> bytes:
-            nonlocal offset
-            if not fill(size):
-                raise TransportError(f"{self.spec.name}: file stream ended early")
-            data = bytes(buffer[offset:offset + size])
-            offset += size
-            return data
+                    raise TransportError(f"{self.spec.name}: file stream ended early")
+                stream.put(decompressor.decompress(frame) if decompressor else frame)
+            return stream.take(size)
 
         try:
             while True:

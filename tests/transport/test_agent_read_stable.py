@@ -1,8 +1,9 @@
-"""The agent's read_stable: one os.read() per file, and the whole file whatever happened to it
+"""The agent's read_stable (one os.read() per file) and hash_stable (CHUNK pieces): the whole file whatever happened to it
 since it was listed (grown, shrunk, replaced), never a short or padded read."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -78,3 +79,60 @@ def test_a_read_cut_short_falls_back_to_reading_the_whole_file(agent: ModuleType
     monkeypatch.setattr(agent, "os", ShortReads())
     read, after = agent.read_stable(str(path), listed)
     assert read == data and after.st_size == 5000
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_hashing_a_file_as_listed_gives_its_git_blob_id(agent: ModuleType, tmp_path: Path) -> None:
+    """hash_stable reads in CHUNK pieces: sizes around a piece's edges hash like the whole."""
+    chunk = agent.CHUNK
+    for size in (0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 17):
+        path = tmp_path / f"f{size}"
+        data = os.urandom(size)
+        path.write_bytes(data)
+        digest, after = agent.hash_stable(str(path), os.lstat(path))
+        assert digest == git_blob_id(data), size
+        assert after.st_size == size
+        assert agent.hash_stable(str(path), os.lstat(path), "sha256")[0] == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("change", ["grown", "shrunk", "replaced", "emptied"])
+def test_hashing_a_file_changed_since_listed_hashes_it_as_it_is_now(agent: ModuleType, tmp_path: Path,
+                                                                    change: str) -> None:
+    path = tmp_path / "f.py"
+    path.write_bytes(b"a" * (agent.CHUNK + 5000))
+    listed = os.lstat(path)
+    new = {"grown": b"a" * (agent.CHUNK + 5000) + b"b" * 70000, "shrunk": b"a" * 10, "emptied": b"",
+           "replaced": b"c" * (agent.CHUNK + 5000)}[change]
+    if change == "replaced":  # same size, another inode
+        (tmp_path / "tmp").write_bytes(new)
+        os.replace(tmp_path / "tmp", path)
+    else:
+        path.write_bytes(new)
+    digest, after = agent.hash_stable(str(path), listed)
+    assert digest == git_blob_id(new)
+    assert (after.st_ino, after.st_size) == (os.lstat(path).st_ino, len(new))
+
+
+def test_hashing_survives_reads_cut_short(agent: ModuleType, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read may return less than asked before the end (a signal, some file systems): the
+    rest is read, the file is not taken as changed."""
+
+    class ShortReads:
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        @staticmethod
+        def readv(fd: int, buffers: list[memoryview]) -> int:
+            return os.readv(fd, [buffers[0][:700]])
+
+    path = tmp_path / "big.so"
+    data = os.urandom(5000)
+    path.write_bytes(data)
+    listed = os.lstat(path)
+    monkeypatch.setattr(agent, "os", ShortReads())
+    digest, after = agent.hash_stable(str(path), listed)
+    assert digest == git_blob_id(data) and after.st_size == 5000
