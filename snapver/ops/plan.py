@@ -345,7 +345,9 @@ def _snapshot(store: Store, plans: list[NodePlan]) -> dict[str, str | SnapverErr
 
     found: dict[str, str | SnapverError] = {}
     opened = {p.node: p.transport for p in plans if p.transport is not None}
-    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened).nodes:
+    # The content the plans write: its digests are known, no need to read it back.
+    written = {s.target.oid: s.target.digest for p in plans for s in p.writes if s.target is not None}
+    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened, known_digests=written).nodes:
         head = result.snapshot or result.unchanged_since
         found[result.node] = result.error or head or StoreError(f"{result.node}: no snapshot was recorded")
     return found

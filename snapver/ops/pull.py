@@ -141,11 +141,13 @@ def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: s
 def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
                 on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
                 on_node_done: Callable[[NodePull], None] | None = None,
-                open_transports: dict[str, Transport] | None = None) -> PullResult:
+                open_transports: dict[str, Transport] | None = None,
+                known_digests: dict[str, str] | None = None) -> PullResult:
     """`pull` for a caller that already holds the store lock (push records before/after).
 
     ``open_transports`` are connections the caller already has (by node name): they are
-    used instead of new ones and left open.
+    used instead of new ones and left open. ``known_digests``: blake3 digests by blob id
+    of content the caller knows (what a push wrote), not to be read back from the store.
     """
     borrowed = {name: t for name, t in (open_transports or {}).items() if t is not None and t.is_open}
     results = [NodePull(spec.name, transport=borrowed.get(spec.name)) for spec in specs]
@@ -162,7 +164,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     with ThreadPoolExecutor(workers) as pool:
         try:
             with store.importer() as importer:
-                digests: dict[str, str] = {}
+                digests: dict[str, str] = dict(known_digests or {})
 
                 def list_node(spec: NodeSpec, result: NodePull) -> None:
                     _list_node(store, spec, result, hash_on_node, first)
@@ -256,6 +258,8 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
             result.prefetch = result.transport.request_listed_files(level)
         # Read the last snapshot while the node starts up and lists.
         result.parent_manifest = store.manifest(result.parent) if result.parent else None
+        if result.parent_manifest is not None:  # the node's ref names it: its blobs are all there
+            store.note_present(e.oid for e in result.parent_manifest)
         result.listing = listing()
         info = result.transport.info
         assert info is not None

@@ -152,6 +152,12 @@ class Store:
             raise StoreError(f"git {args[0]} failed: {message[-1] if message else result.returncode}")
         return result.stdout
 
+    def note_present(self, oids: Iterable[str]) -> None:
+        """Objects known to be in the store (no need to ask git): those of a snapshot that
+        a ref names (a ref never moves to a commit whose objects are missing), those just
+        written."""
+        self._present.update(oids)
+
     def existing(self, oids: Iterable[str]) -> set[str]:
         """Those of ``oids`` whose object is in the store (one batched call for those not seen yet)."""
         asked = set(oids)
@@ -421,6 +427,7 @@ class Importer:
             raise
         if moves:
             self._move_refs(moves)
+        self.store.note_present(self._written)
         return self.results
 
     def abort(self) -> None:

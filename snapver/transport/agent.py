@@ -220,13 +220,15 @@ def read_stable(full, st):
     return _stable(full, st, _read_whole)
 
 
-def hash_stable(full, st, algo=None):
+def hash_stable(full, st, algo=None, expect=None):
     """Like read_stable, for the hex digest of the content (``algo``: a hashlib name;
-    None: its git blob id) without holding it: returns (digest, stat)."""
-    return _stable(full, st, lambda fd, st: _hash_chunks(fd, st, algo))
+    None: its git blob id) without holding it: returns (digest, stat). A file that hashes
+    to ``expect`` is taken at once however fresh: it holds that whole content, not a
+    state half-way through a rewrite (this agent's own writes, hashed right after)."""
+    return _stable(full, st, lambda fd, st: _hash_chunks(fd, st, algo), expect)
 
 
-def _stable(full, st, read):
+def _stable(full, st, read, expect=None):
     for _ in range(5):
         fd = os.open(full, os.O_RDONLY)  # os.read: no buffered file object
         try:
@@ -237,7 +239,7 @@ def _stable(full, st, read):
         key = (after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns)
         if key == (st.st_ino, length, st.st_mtime_ns, st.st_ctime_ns):
             quiet = time.time_ns() - after.st_ctime_ns
-            if quiet >= SETTLE_NS:
+            if quiet >= SETTLE_NS or (expect is not None and result == expect):
                 return result, after
             time.sleep(min(SETTLE_NS, SETTLE_NS - quiet) / 1e9)
             st = os.lstat(full)
@@ -353,7 +355,7 @@ def op_list(channel, request):
             elif want_oids:
                 full = os.path.join(site, rel)
                 try:
-                    oid, st = hash_stable(full, st)
+                    oid, st = hash_stable(full, st, expect=_WROTE.get(full))
                 except FileNotFoundError:
                     continue
                 except PermissionError:
@@ -458,6 +460,9 @@ def op_hash(channel, request):
 # place would change the cache and every other venv linked to it).
 
 _WRITE_RESULT = {}
+# Blob id of every file this agent wrote (by full path): hashed again right after, to verify
+# the write and for the snapshot that follows, such a file need not settle (hash_stable).
+_WROTE = {}
 
 
 def safe_target(site, rel, tracked):
@@ -482,8 +487,9 @@ def safe_target(site, rel, tracked):
     return os.path.join(site, rel)
 
 
-def path_state(full):
-    """[kind, git blob id, st_mode] of a path, without following a symlink; None if absent."""
+def path_state(full, expect=None):
+    """[kind, git blob id, st_mode] of a path, without following a symlink; None if absent.
+    ``expect``: the blob id it should have (see hash_stable)."""
     try:
         st = os.lstat(full)
     except (FileNotFoundError, NotADirectoryError):
@@ -491,7 +497,7 @@ def path_state(full):
     if stat.S_ISLNK(st.st_mode):
         return ["l", blob_id(fs(os.readlink(full))), st.st_mode]
     if stat.S_ISREG(st.st_mode):
-        oid, st = hash_stable(full, st)
+        oid, st = hash_stable(full, st, expect=expect)
         return ["f", oid, st.st_mode]
     return ["other", None, st.st_mode]
 
@@ -666,6 +672,8 @@ def op_write(channel, request):
                 _make_parents(site, full)
                 _replace(full, kind, mode, data)
                 written.append(rel)
+                if kind == "f":
+                    _WROTE[full] = blob_id(data)
             else:
                 if os.path.lexists(full):
                     os.unlink(full)
@@ -688,7 +696,11 @@ def op_write(channel, request):
             pass
         finally:
             os.close(fd)
-    _WRITE_RESULT.update({"written": dict((rel, path_state(os.path.join(site, rel))) for rel in written),
+    rehashed = {}
+    for rel in written:
+        full = os.path.join(site, rel)
+        rehashed[rel] = path_state(full, _WROTE.get(full))
+    _WRITE_RESULT.update({"written": rehashed,
                           "deleted": dict((rel, path_state(os.path.join(site, rel))) for rel in deleted),
                           "bytecode_removed": bytecode, "failure": error})
 

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 from helpers import git_blob, git_ls_tree, tree_hashes
 
@@ -219,6 +220,12 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
         assert sha(git_blob(store, after_tree[RUNNER][1])) == expected[RUNNER][2]
         assert git_ls_tree(store, done["before"])[RUNNER][1] == git(store, "hash-object", str(template / RUNNER)).strip()
         assert done["files"]["write"] == [RUNNER, ADDED, UTILS] and done["files"]["delete"] == [GONE]
+        # The after-snapshot takes the written files' digests from the patch, not the store.
+        after = snapver_store.manifest(done["after"])
+        for path in (RUNNER, ADDED, UTILS):
+            assert after.entries[path].digest == blake3.blake3((site / path).read_bytes()).hexdigest(), path
+    result = run_snapver("fsck")
+    assert result.code == 0, result
 
     # The exported patch applies with patch -p1 and gives the same files.
     exported = tmp_path / "export.diff"

@@ -136,3 +136,35 @@ def test_hashing_survives_reads_cut_short(agent: ModuleType, tmp_path: Path,
     monkeypatch.setattr(agent, "os", ShortReads())
     digest, after = agent.hash_stable(str(path), listed)
     assert digest == git_blob_id(data) and after.st_size == 5000
+
+
+class Sleeps:
+    """Stands in for the agent's ``time``: records sleeps instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def __getattr__(self, name: str) -> object:
+        import time
+
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def test_a_fresh_file_settles_unless_it_holds_the_expected_content(agent: ModuleType, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file changed less than SETTLE_NS ago may be half-way through a rewrite: it is read
+    again once it stayed the same that long. One that hashes to the content the agent
+    itself just wrote is whole: taken at once (a push's verify and after-snapshot)."""
+    clock = Sleeps()
+    monkeypatch.setattr(agent, "time", clock)
+    path = tmp_path / "fresh.py"
+    data = b"x = 2\n"
+    path.write_bytes(data)  # ctime: now
+    assert agent.hash_stable(str(path), os.lstat(path))[0] == git_blob_id(data)
+    assert len(clock.slept) == 1 and 0 < clock.slept[0] <= agent.SETTLE_NS / 1e9
+    assert agent.hash_stable(str(path), os.lstat(path), expect=git_blob_id(data))[0] == git_blob_id(data)
+    assert agent.hash_stable(str(path), os.lstat(path), expect=git_blob_id(b"other"))[0] == git_blob_id(data)
+    assert len(clock.slept) == 2  # the expected content: no wait; other content: waits as before
