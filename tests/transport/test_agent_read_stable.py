@@ -23,6 +23,21 @@ def agent() -> ModuleType:
     return module
 
 
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def taken_whole(agent: ModuleType, how: str, path: Path, listed: os.stat_result, content: bytes) -> os.stat_result:
+    """read_stable ("read") or hash_stable ("hash") of path, checked against content; its stat."""
+    if how == "read":
+        read, after = agent.read_stable(str(path), listed)
+        assert read == content
+    else:
+        digest, after = agent.hash_stable(str(path), listed)
+        assert digest == git_blob_id(content)
+    return after
+
+
 def test_a_file_as_listed_is_read_whole(agent: ModuleType, tmp_path: Path) -> None:
     for name, data in (("empty", b""), ("small", b"x = 1\n"), ("big", os.urandom(3 << 20) + b"end")):
         path = tmp_path / name
@@ -31,21 +46,22 @@ def test_a_file_as_listed_is_read_whole(agent: ModuleType, tmp_path: Path) -> No
         assert read == data and after.st_size == len(data)
 
 
+@pytest.mark.parametrize("how", ["read", "hash"])
 @pytest.mark.parametrize("change", ["grown", "shrunk", "replaced", "emptied"])
-def test_a_file_changed_since_listed_is_read_whole_as_it_is_now(agent: ModuleType, tmp_path: Path,
-                                                                change: str) -> None:
+def test_a_file_changed_since_listed_is_taken_whole_as_it_is_now(agent: ModuleType, tmp_path: Path,
+                                                                 change: str, how: str) -> None:
+    """read_stable reads it, hash_stable (CHUNK pieces) hashes it: as it is now, whole."""
+    size = agent.CHUNK + 5000
     path = tmp_path / "f.py"
-    path.write_bytes(b"a" * 5000)
+    path.write_bytes(b"a" * size)
     listed = os.lstat(path)
-    new = {"grown": b"a" * 5000 + b"b" * 70000, "shrunk": b"a" * 10, "emptied": b"",
-           "replaced": b"c" * 5000}[change]
+    new = {"grown": b"a" * size + b"b" * 70000, "shrunk": b"a" * 10, "emptied": b"", "replaced": b"c" * size}[change]
     if change == "replaced":  # same size, another inode
         (tmp_path / "tmp").write_bytes(new)
         os.replace(tmp_path / "tmp", path)
     else:
         path.write_bytes(new)
-    read, after = agent.read_stable(str(path), listed)
-    assert read == new
+    after = taken_whole(agent, how, path, listed, new)
     assert (after.st_ino, after.st_size) == (os.lstat(path).st_ino, len(new))
 
 
@@ -57,32 +73,6 @@ def test_a_folder_in_place_of_a_file_is_an_error(agent: ModuleType, tmp_path: Pa
     path.mkdir()
     with pytest.raises(OSError):
         agent.read_stable(str(path), listed)
-
-
-def test_a_read_cut_short_falls_back_to_reading_the_whole_file(agent: ModuleType, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """read() returns at most 2 GiB - 4 KiB on Linux: a larger file must still come whole, not be
-    retried as 'changing' forever nor cut. Simulated with a read() that stops at 1000 bytes."""
-
-    class ShortReads:
-        def __getattr__(self, name: str) -> object:
-            return getattr(os, name)
-
-        @staticmethod
-        def read(fd: int, size: int) -> bytes:
-            return os.read(fd, min(size, 1000))
-
-    path = tmp_path / "big.so"
-    data = os.urandom(5000)
-    path.write_bytes(data)
-    listed = os.lstat(path)
-    monkeypatch.setattr(agent, "os", ShortReads())
-    read, after = agent.read_stable(str(path), listed)
-    assert read == data and after.st_size == 5000
-
-
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def test_hashing_a_file_as_listed_gives_its_git_blob_id(agent: ModuleType, tmp_path: Path) -> None:
@@ -98,44 +88,33 @@ def test_hashing_a_file_as_listed_gives_its_git_blob_id(agent: ModuleType, tmp_p
         assert agent.hash_stable(str(path), os.lstat(path), "sha256")[0] == hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.parametrize("change", ["grown", "shrunk", "replaced", "emptied"])
-def test_hashing_a_file_changed_since_listed_hashes_it_as_it_is_now(agent: ModuleType, tmp_path: Path,
-                                                                    change: str) -> None:
-    path = tmp_path / "f.py"
-    path.write_bytes(b"a" * (agent.CHUNK + 5000))
-    listed = os.lstat(path)
-    new = {"grown": b"a" * (agent.CHUNK + 5000) + b"b" * 70000, "shrunk": b"a" * 10, "emptied": b"",
-           "replaced": b"c" * (agent.CHUNK + 5000)}[change]
-    if change == "replaced":  # same size, another inode
-        (tmp_path / "tmp").write_bytes(new)
-        os.replace(tmp_path / "tmp", path)
-    else:
-        path.write_bytes(new)
-    digest, after = agent.hash_stable(str(path), listed)
-    assert digest == git_blob_id(new)
-    assert (after.st_ino, after.st_size) == (os.lstat(path).st_ino, len(new))
+class ShortReads:
+    """Stands in for the agent's ``os``: read() gives at most 1000 bytes, readv() 700."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    @staticmethod
+    def read(fd: int, size: int) -> bytes:
+        return os.read(fd, min(size, 1000))
+
+    @staticmethod
+    def readv(fd: int, buffers: list[memoryview]) -> int:
+        return os.readv(fd, [buffers[0][:700]])
 
 
-def test_hashing_survives_reads_cut_short(agent: ModuleType, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read may return less than asked before the end (a signal, some file systems): the
-    rest is read, the file is not taken as changed."""
-
-    class ShortReads:
-        def __getattr__(self, name: str) -> object:
-            return getattr(os, name)
-
-        @staticmethod
-        def readv(fd: int, buffers: list[memoryview]) -> int:
-            return os.readv(fd, [buffers[0][:700]])
-
+@pytest.mark.parametrize("how", ["read", "hash"])
+def test_reads_cut_short_still_take_the_whole_file(agent: ModuleType, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """read() returns at most 2 GiB - 4 KiB on Linux, and a read may return less than asked
+    before the end (a signal, some file systems): the file must still come whole, not be
+    retried as 'changing' forever nor cut."""
     path = tmp_path / "big.so"
     data = os.urandom(5000)
     path.write_bytes(data)
     listed = os.lstat(path)
     monkeypatch.setattr(agent, "os", ShortReads())
-    digest, after = agent.hash_stable(str(path), listed)
-    assert digest == git_blob_id(data) and after.st_size == 5000
+    assert taken_whole(agent, how, path, listed, data).st_size == 5000
 
 
 class Sleeps:
