@@ -11,13 +11,17 @@ and folders:
   snapver pull --all       all 16 at once
   rsync -a (1 node)        one node
   rsync -a x16             16 rsync -a at once, one folder per node
+  nodes hash only (1)      what a node does in a pull that hashes, alone: the node's python
+  nodes hash only x16      hashes every file as the agent does (HASH_TREE: 1 MiB pieces, git
+                           blob ids), started here; no SSH, no transfer, no store. x16: all at once
 
 Reported: wall time (median), bytes on the wire and fetched bytes from snapver's
 `--json` (wire_bytes: the agent protocol both ways, fetched_bytes: file content
 received; summed over nodes), rsync's own `--stats` byte counts (protocol bytes, both
 ways), peak client memory, and the ratios of issue 5: the fleet pull against one
 node's pull (wall <= 2x, bytes <= 1.2x), and against 16 rsyncs. Timed snapver runs
-get SNAPVER_AUTO_GC=0.
+get SNAPVER_AUTO_GC=0. The nodes are processes on this machine: their hashing competes
+with the client for its cores, which "nodes hash only x16" measures on its own.
 """
 
 from __future__ import annotations
@@ -41,6 +45,29 @@ FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
 WALL_BAR = 2.0
 BYTES_BAR = 1.2
+# What every node but the first does in a fleet's first pull, as the agent does it; prints
+# the number of files hashed.
+HASH_TREE = """import hashlib, os, sys
+piece = memoryview(bytearray(1 << 20))
+count = 0
+for folder, _dirs, names in os.walk(sys.argv[1]):
+    for name in names:
+        path = os.path.join(folder, name)
+        st = os.lstat(path)
+        if os.path.islink(path):
+            continue
+        digest = hashlib.sha1(b"blob %d\\0" % st.st_size)
+        fd = os.open(path, os.O_RDONLY)
+        while True:
+            got = os.readv(fd, [piece])
+            if not got:
+                break
+            digest.update(piece[:got])
+        os.close(fd)
+        digest.hexdigest()
+        count += 1
+print(count)
+"""
 
 
 def build_fleet(env: BenchEnv) -> dict[str, Path]:
@@ -94,7 +121,11 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
                    nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
                    per_node=[{k: n[k] for k in ("node", "fetched_files", "fetched_bytes", "wire_bytes", "seconds")}
                              for n in nodes])
-        return Case(name, setup=lambda _round: shutil.rmtree(store, ignore_errors=True), run=body)
+        def setup(_round: int) -> None:
+            shutil.rmtree(store, ignore_errors=True)
+            settle()
+
+        return Case(name, setup=setup, run=body)
 
     def rsync(name: str, nodes: list[str]) -> Case:
         commands = [["rsync", "-a", "--stats", "-e", env.ssh_e(),
@@ -113,17 +144,41 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
         def setup(_round: int) -> None:
             shutil.rmtree(copies, ignore_errors=True)
             copies.mkdir()
+            settle()
 
         return Case(name, setup=setup, run=body)
 
+    def hash_only(name: str, nodes: list[str]) -> Case:
+        # sites[node] is <venv>/lib/pythonX.Y/site-packages: the venv's own python.
+        commands = [[str(sites[node].parents[2] / "bin" / "python3"), "-S", "-c", HASH_TREE,
+                     str(sites[node] / "sglang" / "srt")] for node in nodes]
+
+        def body(_round: int) -> None:
+            cpu = machine_cpu_seconds()
+            done = run_measured_all(commands)
+            cpu = machine_cpu_seconds() - cpu
+            counts = [int(d.stdout) for d, _peak in done]
+            if any(count != files for count in counts):
+                raise RuntimeError(f"{name}: files hashed {counts}, wanted {files}")
+            record(name, peak_kib=max(p for _d, p in done), machine_cpu_s=cpu, wire_bytes=0)
+
+        return Case(name, setup=lambda _round: settle(), run=body)
+
     cases = [snapver_pull("snapver pull fleet00", ONE), snapver_pull("snapver pull --all", "--all"),
-             rsync("rsync -a (1 node)", [ONE]), rsync("rsync -a x16", list(FLEET))]
+             rsync("rsync -a (1 node)", [ONE]), rsync("rsync -a x16", list(FLEET)),
+             hash_only("nodes hash only (1)", [ONE]), hash_only("nodes hash only x16", list(FLEET))]
     print(f"16 nodes x {files} files; {runs} interleaved runs (+1 warm-up)", file=sys.stderr)
     load_before = _uptime()
     timings = interleave(cases, runs)
     kept = {name: figures[1:] for name, figures in stats.items()}  # drop the warm-up round
     return {"files": files, "runs": runs, "timings": timings, "figures": kept,
             "load_before": load_before, "load_after": _uptime()}
+
+
+def settle() -> None:
+    """Untimed, before each run: write back what earlier runs left dirty (16 rsync copies:
+    1.3 GB), so that the kernel's writeback does not compete with the next timed run."""
+    os.sync()
 
 
 def _uptime() -> str:
@@ -152,6 +207,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         "wall: rsync x16 / rsync one node": by["rsync -a x16"]["median_s"] / by["rsync -a (1 node)"]["median_s"],
         "wall: snapver --all / rsync x16": fleet["median_s"] / by["rsync -a x16"]["median_s"],
         "wire bytes: snapver --all / rsync x16": fleet["wire_bytes"] / by["rsync -a x16"]["wire_bytes"],
+        "wall: nodes hash only x16 / snapver one node": by["nodes hash only x16"]["median_s"] / one["median_s"],
     }
     bars = [
         {"ratio": "wall: snapver --all / snapver one node", "bar": f"<= {WALL_BAR:g}"},

@@ -10,6 +10,7 @@ with ``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
 """
 
 import fnmatch
+import gc
 import hashlib
 import json
 import os
@@ -769,6 +770,9 @@ def serve(channel):
 
 
 def main():
+    # An agent serves one command and leaves: the cyclic collector would only walk the
+    # listing's thousands of rows again and again (a few ms of listing sglang/srt).
+    gc.disable()
     serve(Channel(sys.stdin.buffer, sys.stdout.buffer))
 
 
