@@ -11,7 +11,6 @@ with ``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
 
 import fnmatch
 import gc
-import hashlib
 import json
 import os
 import re
@@ -27,11 +26,19 @@ SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
 SQUEEZE_OVER = 16 << 10
 
 
+def _hashlib():
+    # Imported when first needed: loading OpenSSL is a few ms of every agent's start, and an
+    # unchanged re-pull, or the node that streams a first pull, hashes nothing.
+    import hashlib
+
+    return hashlib
+
+
 def _sha1():
     try:
-        return hashlib.sha1(usedforsecurity=False)
+        return _hashlib().sha1(usedforsecurity=False)
     except TypeError:  # Python < 3.9
-        return hashlib.sha1()
+        return _hashlib().sha1()
 
 
 class Channel:
@@ -274,7 +281,7 @@ def _hash_chunks(fd, st, algo):
         digest = _sha1()
         digest.update(b"blob %d\0" % st.st_size)
     else:
-        digest = hashlib.new(algo)
+        digest = _hashlib().new(algo)
     length = 0
     while True:
         want = min(CHUNK, st.st_size + 1 - length)
@@ -446,7 +453,7 @@ def op_hash(channel, request):
             result[rel] = None
             continue
         if stat.S_ISLNK(st.st_mode):
-            result[rel] = hashlib.new(algo, fs(os.readlink(full))).hexdigest()
+            result[rel] = _hashlib().new(algo, fs(os.readlink(full))).hexdigest()
         elif stat.S_ISREG(st.st_mode):
             result[rel] = hash_stable(full, st, algo)[0]
         else:
@@ -771,9 +778,12 @@ def serve(channel):
 
 def main():
     # An agent serves one command and leaves: the cyclic collector would only walk the
-    # listing's thousands of rows again and again (a few ms of listing sglang/srt).
+    # listing's thousands of rows again and again (a few ms of listing sglang/srt), and
+    # freeing every object at exit is work nobody waits for.
     gc.disable()
     serve(Channel(sys.stdin.buffer, sys.stdout.buffer))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__" or __name__ == "snapver_agent":
