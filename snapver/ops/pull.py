@@ -259,7 +259,7 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         # Read the last snapshot while the node starts up and lists.
         result.parent_manifest = store.manifest(result.parent) if result.parent else None
         if result.parent_manifest is not None:  # the node's ref names it: its blobs are all there
-            store.note_present(e.oid for e in result.parent_manifest)
+            store.note_present(e.oid for e in result.parent_manifest.entries.values())
         result.listing = listing()
         info = result.transport.info
         assert info is not None
@@ -273,7 +273,9 @@ def _assign_fetches(store: Store, nodes: list[NodePull], importer: Importer) -> 
     all_oids = {e.oid for r in nodes for e in r.listing.entries if e.oid}  # type: ignore[union-attr]
     fetched = {oid for oid in all_oids if importer.has(oid)}  # from the node that sent everything first
     # Blobs of the nodes' last snapshots are in the store: ask git only about the others.
-    recorded = {e.oid for r in nodes if r.parent_manifest for e in r.parent_manifest}
+    # (Unordered: a Manifest iterates sorted. Identical nodes share one parsed manifest.)
+    parents = {id(r.parent_manifest): r.parent_manifest for r in nodes if r.parent_manifest}
+    recorded = {e.oid for manifest in parents.values() for e in manifest.entries.values()}
     have = fetched | (all_oids & recorded) | store.existing(all_oids - recorded - fetched)
     assigned: dict[str, list[StatEntry]] = {}
     for result in nodes:
@@ -287,7 +289,7 @@ def _assign_fetches(store: Store, nodes: list[NodePull], importer: Importer) -> 
 
 
 def _still_missing(store: Store, importer: Importer, result: NodePull) -> list[StatEntry]:
-    recorded = {e.oid for e in result.parent_manifest} if result.parent_manifest else set()
+    recorded = {e.oid for e in result.parent_manifest.entries.values()} if result.parent_manifest else set()
     candidates = [e for e in result.listing.entries  # type: ignore[union-attr]
                   if e.oid not in recorded and not importer.has(e.oid)]
     if not candidates:
@@ -390,7 +392,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
 def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:
     """The manifest of a listing: blake3 digests from this pull's fetches, the previous
     snapshot, or else the blobs in the store (read back and checked)."""
-    known = {e.oid: e.digest for e in previous} if previous else {}
+    known = {e.oid: e.digest for e in previous.entries.values()} if previous else {}
     unknown = [e.oid for e in entries if e.oid not in digests and e.oid not in known]
     if unknown:
         for oid, data in store.read_blobs(unknown):
