@@ -441,6 +441,13 @@ def open_transport(spec: NodeSpec) -> Transport:
         from snapver.transport.mux import MuxTransport
 
         return MuxTransport(spec)
+    from snapver.transport.early import EarlyConnection, is_ip_address
+
+    # A node named by its address: connecting begins now, while the import below (paramiko,
+    # Fabric: ~150 ms) runs. (A name could be an ssh_config alias: no lookup is made for it.)
+    early = None
+    if spec.host and is_ip_address(spec.host):
+        early = EarlyConnection(spec.host, spec.port or 22, max(1, int(round(spec.connect_timeout))))
     from snapver.transport.ssh import SshTransport
 
-    return SshTransport(spec)
+    return SshTransport(spec, early=early)

@@ -20,9 +20,11 @@ import paramiko
 from fabric import Config, Connection
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
+from snapver.config import NodeSpec
 from snapver.errors import HostKeyError, TransportError
 from snapver.transport.base import RawChannel, Transport
 from snapver.transport.chunks import ByteQueue
+from snapver.transport.early import EarlyConnection
 
 # paramiko logs a failed handshake with a traceback; with no handler configured Python
 # would print it on stderr. The failure itself is raised and reported as one line.
@@ -256,9 +258,10 @@ class _ChannelReader:
 class SshTransport(Transport):
     """The agent runs in the node's Python, over one SSH connection."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, spec: NodeSpec, early: EarlyConnection | None = None) -> None:
+        super().__init__(spec)
         self._connection: Connection | None = None
+        self._early = early  # a TCP connection begun before paramiko was imported
 
     def _connect(self) -> Connection:
         spec = self.spec
@@ -273,6 +276,7 @@ class SshTransport(Transport):
                                 connect_timeout=max(1, int(round(spec.connect_timeout))),
                                 connect_kwargs=connect_kwargs)
         self._check_host_keys(connection)
+        self._use_early_connection(connection)
         try:
             connection.open()
         except HostKeyError as exc:
@@ -297,6 +301,22 @@ class SshTransport(Transport):
             raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
         watch_link(connection.transport, spec.connect_timeout)
         return connection
+
+    def _use_early_connection(self, connection: Connection) -> None:
+        """Hand Fabric the socket connected early if it goes where Fabric would connect."""
+        early, self._early = self._early, None
+        if early is None:
+            return
+        if connection.gateway is not None:  # ProxyJump / ProxyCommand: Fabric opens the way
+            early.drop()
+            return
+        try:
+            sock = early.take(connection.host, int(connection.port))
+        except OSError as exc:  # it timed out: connecting again would wait as long again
+            raise TransportError(f"{self.spec.name}: {self.spec.address} did not answer within "
+                                 f"{self.spec.connect_timeout:g} s") from exc
+        if sock is not None:
+            connection.connect_kwargs["sock"] = sock
 
     def _check_host_keys(self, connection: Connection) -> None:
         """Check this hop's host key as OpenSSH would, and every ProxyJump hop's before it.
