@@ -103,7 +103,9 @@ def node(sshd, make_site_packages, write_config, ssh_node, tmp_path):
 def probe(log: Path) -> str:
     """A command that logs its pid, prints pid and start time, a line on stderr, echoes its
     stdin and exits 3: blocked on stdin until a client talks to it, like the agent."""
-    return (f'echo $$ >> {shlex.quote(str(log))}; echo "$$ $(date +%s%N)"; echo "stderr of $$" >&2; '
+    # The time is taken before the pid is logged: a test that sees the pid logged knows
+    # the time is earlier (logged first, `date` could run after the test's own clock read).
+    return (f't=$(date +%s%N); echo $$ >> {shlex.quote(str(log))}; echo "$$ $t"; echo "stderr of $$" >&2; '
             "cat; exit 3")
 
 
