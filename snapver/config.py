@@ -69,6 +69,11 @@ class NodeSpec:
         port = f":{self.port}" if self.port else ""
         return f"{user}{self.host}{port}"
 
+    @property
+    def tcp_connect_timeout(self) -> int:
+        """Seconds to wait for TCP to connect: whole, at least 1 (as Fabric takes them)."""
+        return max(1, int(round(self.connect_timeout)))
+
 
 @dataclass(frozen=True)
 class Config:

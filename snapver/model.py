@@ -225,7 +225,7 @@ def is_safe_relpath(path: str) -> bool:
     """A path relative to site-packages that stays inside it: no absolute, no ``..``."""
     # An empty, "." or ".." part shows in the path with a slash on each side as "//",
     # "/./" or "/../" (an empty path, a leading or trailing slash: "//"). Listings check
-    # every row of every node: this is ~3x faster than splitting.
+    # every row of every node: this is ~4x faster than splitting.
     wrapped = f"/{path}/"
     return "//" not in wrapped and "/./" not in wrapped and "/../" not in wrapped and "\0" not in path
 

@@ -95,9 +95,15 @@ def fs(path):
     return os.fsencode(path)
 
 
-def blob_id(data):
+def _blob_digest(size):
+    """A sha1 fed git's blob header: feed it the content for the blob id."""
     digest = _sha1()
-    digest.update(b"blob %d\0" % len(data))
+    digest.update(b"blob %d\0" % size)
+    return digest
+
+
+def blob_id(data):
+    digest = _blob_digest(len(data))
     digest.update(data)
     return digest.hexdigest()
 
@@ -277,11 +283,7 @@ def _hash_chunks(fd, st, algo):
     if not _CHUNK_BUFFER:
         _CHUNK_BUFFER.append(memoryview(bytearray(CHUNK)))
     buffer = _CHUNK_BUFFER[0]
-    if algo is None:
-        digest = _sha1()
-        digest.update(b"blob %d\0" % st.st_size)
-    else:
-        digest = _hashlib().new(algo)
+    digest = _blob_digest(st.st_size) if algo is None else _hashlib().new(algo)
     length = 0
     while True:
         want = min(CHUNK, st.st_size + 1 - length)

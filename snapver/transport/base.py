@@ -447,7 +447,7 @@ def open_transport(spec: NodeSpec) -> Transport:
     # Fabric: ~150 ms) runs. (A name could be an ssh_config alias: no lookup is made for it.)
     early = None
     if spec.host and is_ip_address(spec.host):
-        early = EarlyConnection(spec.host, spec.port or 22, max(1, int(round(spec.connect_timeout))))
+        early = EarlyConnection(spec.host, spec.port or 22, spec.tcp_connect_timeout)
     from snapver.transport.ssh import SshTransport
 
     return SshTransport(spec, early=early)

@@ -3,7 +3,7 @@
 A file stream arrives as decompressed pieces of a few MB holding many files, and over SSH
 as whatever the channel has buffered; appending them to one growing buffer and slicing
 it copied every byte two or three times more, each time into fresh memory whose pages
-fault in (a third of the client's time in the kernel on a first pull).
+fault in.
 """
 
 from __future__ import annotations

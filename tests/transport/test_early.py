@@ -4,6 +4,7 @@ address, dropped otherwise, a timeout reported once. Real sockets, real sshd."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,34 @@ def test_an_address_ssh_config_sends_elsewhere_is_not_used(sshd, ssh_node, make_
     finally:
         decoy.close()
     assert result.code == 0, str(result)
+
+
+def test_a_node_that_never_accepts_is_waited_for_once(sshd, ssh_node, make_site_packages, run_snapver,
+                                                      write_config) -> None:
+    """TCP never connects (the listener's queue is full, new SYNs are dropped): the early
+    connection's timeout is the one reported, not followed by a second wait of Fabric's."""
+    timeout = 3
+    server = socket.create_server((sshd.addresses["ct200"], 0), backlog=0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex((sshd.addresses["ct200"], port))
+        fillers.append(filler)
+    site = make_site_packages("n", files={"sglang/srt/x.py": b"x = 1\n"})
+    write_config({"n": ssh_node("ct200", site, port=port, connect_timeout=timeout)})
+    try:
+        began = time.monotonic()
+        assert run_snapver("nodes").code == 0
+        startup = time.monotonic() - began
+        began = time.monotonic()
+        result = run_snapver("pull", "n", timeout=60)
+        elapsed = time.monotonic() - began
+    finally:
+        for filler in fillers:
+            filler.close()
+        server.close()
+    assert result.code == 3, str(result)
+    assert f"did not answer within {timeout} s" in result.err
+    assert elapsed < startup + 1.6 * timeout, f"took {elapsed:.1f} s: waited more than once\n{result}"
