@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any, List
 
 import typer
 from typer.core import TyperCommand
