@@ -17,14 +17,13 @@ Issue 3's bar: median `diff -q` at most 2.0x `rsync -anc`.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, bench_env, interleave, print_table, run  # noqa: E402
+from common import BenchEnv, Case, bench_main, interleave, print_table, run  # noqa: E402
 
 NODE = "ct200"
 CHANGED = "sglang/srt/server_args.py"
@@ -82,16 +81,5 @@ def bench(env: BenchEnv, runs: int) -> dict[str, float]:
     return ratios
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=7, help="timed rounds (default 7)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
-    add_node_home_option(parser)
-    args = parser.parse_args()
-    with bench_env(keep=args.keep, node_home=args.node_home) as env:
-        bench(env, args.runs)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main(bench, __doc__, default_runs=7))

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_seconds, interleave, median, run, run_measured, run_measured_all  # noqa: E402
+from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
