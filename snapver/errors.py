@@ -55,6 +55,12 @@ class RemotePathError(TransportError):
     """A remote path that is missing or not readable."""
 
 
+class Cancelled(SnapverError):
+    """Work stopped by an interrupt (Ctrl-C, SIGTERM) before it changed anything."""
+
+    exit_code = 130
+
+
 class StoreError(SnapverError):
     """The store is locked, corrupt, or cannot be written."""
 

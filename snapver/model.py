@@ -14,6 +14,9 @@ from typing import Iterable, Iterator, NamedTuple
 
 FILE = "f"
 LINK = "l"
+# A FIFO, socket or device: never opened; recorded as the one line that says what it is
+# (see the agent's special_text), so that diff and status show it and rollback replaces it.
+SPECIAL = "s"
 
 MANIFEST_PATH = ".snapver/manifest"
 

@@ -13,6 +13,7 @@ from typer import Abort
 # installed at all (pyproject pins typer to >=0.27,<0.29).
 from typer._click import ClickException
 
+from snapver import interrupt
 from snapver.cli.app import STATE, app
 from snapver.errors import SnapverError
 
@@ -35,24 +36,31 @@ def _stdout_closed() -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, print errors as one line, exit with their code."""
     command = typer.main.get_command(app)
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        interrupt.install()
     try:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
     except SnapverError as exc:
+        if interrupt.requested():  # a connection cut by the interrupt failed the command
+            print("snapver: interrupted", file=sys.stderr)
+            sys.exit(interrupt.exit_code())
         if STATE.verbose:
             traceback.print_exc()
         print(f"snapver: error: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except Abort:
-        print("snapver: aborted", file=sys.stderr)
-        sys.exit(130)
+    except Abort:  # click turns a KeyboardInterrupt into Abort
+        print("snapver: interrupted" if interrupt.requested() else "snapver: aborted", file=sys.stderr)
+        sys.exit(interrupt.exit_code())
     except ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("snapver: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())
     except BrokenPipeError as exc:
         if _stdout_closed():  # `snapver log | head`: the reader has all it wanted
             sys.exit(0)

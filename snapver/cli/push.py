@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from snapver import interrupt
 from snapver.cli.app import STATE, app
 from snapver.cli.render import console, emit_json, escape
 
@@ -57,8 +58,8 @@ def render_run(run: "NodeRun") -> None:
         return
     err = console(stderr=True)
     label = {"rolled-back": "rolled back", "cancelled": "not written"}.get(run.state, run.state)
-    err.print(f"{name}: [red]{label}[/red]" + (f": {escape(str(run.error))}" if run.error else
-                                               " (another node failed)"))
+    why = " (interrupted)" if interrupt.requested() else " (another node failed)"
+    err.print(f"{name}: [red]{label}[/red]" + (f": {escape(str(run.error))}" if run.error else why))
     if run.rollback_error is not None:
         err.print(f"{name}: [red]rollback failed[/red]: {escape(str(run.rollback_error))}; "
                   f"run `snapver rollback {name}`")
@@ -129,6 +130,7 @@ def push(
     else:
         for run in result.nodes:
             render_run(run)
+    interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code
 
 
@@ -139,15 +141,17 @@ def rollback(
                                      "the last push that changed it)."),
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
+    force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Restore a node's tree exactly (content, mode, deletions, additions) to a snapshot."""
+    """Undo the last push on a node (only the files it wrote, each only while it still holds
+    what the push wrote), or restore its tree exactly to a snapshot with --to."""
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     config = STATE.config()
     store = STATE.store(config)
     out = console()
-    with plan_rollback(store, config, node, to) as plan:
+    with plan_rollback(store, config, node, to, force) as plan:
         if not json_out:
             out.print(f"rollback {escape(node)} to {plan.target[:10]} ({escape(plan.reason)})"
                       + (" — dry run" if dry_run else ""))
@@ -155,6 +159,10 @@ def rollback(
                 out.print(f"{escape(node)}: repairs the interrupted {plan.interrupted.action} of "
                           f"{escape(str(plan.interrupted.patch or '-'))} ({plan.interrupted.time:%Y-%m-%d %H:%M})")
             render_node_plan(plan.node)
+        if plan.node.conflicts and not dry_run:
+            if json_out:
+                emit_json({**plan.to_json(), "dry_run": False, "result": None, "exit_code": 1})
+            apply_rollback(store, plan)  # raises the refusal
         if dry_run or (plan.nothing_to_do and plan.interrupted is None):
             if json_out:
                 emit_json({**plan.to_json(), "dry_run": dry_run, "result": None, "exit_code": 0})
@@ -175,4 +183,5 @@ def rollback(
             out.print(f"{escape(node)}: nothing to restore; the interrupted push is marked repaired")
         else:
             render_run(run)
+    interrupt.check()
     return run.exit_code if run else 0

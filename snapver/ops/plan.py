@@ -2,9 +2,13 @@
 
 A plan is, per node, the list of paths to write or delete, each with the state the
 node had when planned (kind and git blob id) and the entry it should end up with. The
-node checks every expectation again before it writes anything (a node that changed
-since the plan is refused untouched), writes each file atomically, removes stale
-bytecode and re-hashes what it wrote; that re-hash is checked here.
+node takes its write lock, checks every expectation again before it writes anything (a
+node that changed since the plan is refused untouched), stages every file, and then
+renames each one into place only while its path still holds what was expected
+(compare-and-swap at the write); it removes stale bytecode and re-hashes what it wrote,
+and that re-hash is checked here. An undo (a failed node, an interrupt, a rollback of a
+push) is the same rule the other way: a file is restored only while it still holds
+exactly what was written; one changed since is left alone and reported.
 
 Applying, under the store lock: snapshot each node (before), write a push record
 ("started") on ``refs/heads/pushes/<node>`` — so a push killed at any later moment is
@@ -20,24 +24,27 @@ import stat
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
+from snapver import interrupt
 from snapver.config import NodeSpec
-from snapver.errors import (ConflictError, RemotePathError, SnapverError, StoreError, StoreLockedError,
+from snapver.errors import (Cancelled, ConflictError, RemotePathError, SnapverError, StoreError, StoreLockedError,
                              TransportError)
-from snapver.model import FILE, LINK, Entry, Manifest
+from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import Commit, Store, format_message
 from snapver.transport.base import Transport, open_transport
 
 WRITE, DELETE, SKIP, CONFLICT = "write", "delete", "skip", "conflict"
 CHUNK = 1 << 20
-# Test hook (documented in tests/ops/test_push.py): after sending this many files to a
-# node, stop and sleep, so a test can kill the push half-way.
+# Test hooks (documented in tests/ops/test_push.py): after sending this many files to a
+# node, sleep SNAPVER_TEST_PAUSE_SECONDS (default an hour), so that a test can race or kill
+# the push half-way; after a node is written, sleep this many seconds.
 PAUSE_ENV = "SNAPVER_TEST_PAUSE_AFTER_FILES"
+PAUSE_WRITTEN_ENV = "SNAPVER_TEST_PAUSE_AFTER_WRITE"
 MAX_PARALLEL = 16
 
 
@@ -72,11 +79,13 @@ class Step:
     forced: bool = False
 
     def wire(self) -> list[Any]:
-        """[path, kind or None to delete, permission bits or None to keep, expected state]."""
+        """[path, kind or None to delete, permission bits or None to keep, expected state,
+        blob id and size of the content to write]."""
         target = self.target if self.action == WRITE else None
         mode = None if target is None or self.keep_mode or target.kind == LINK else stat.S_IMODE(target.mode)
         expect = None if self.live is None else [self.live.kind, self.live.oid]
-        return [self.path, target.kind if target else None, mode, expect]
+        return [self.path, target.kind if target else None, mode, expect,
+                target.oid if target else None, target.size if target else None]
 
 
 @dataclass
@@ -137,11 +146,15 @@ def check_paths(transport: Transport, spec: NodeSpec, paths: list[str]) -> dict[
 
 
 def restore_steps(live: dict[str, Live | None], target: dict[str, Entry | None]) -> list[Step]:
-    """The steps that make ``live`` exactly ``target`` (content, kind, mode; absent = delete)."""
+    """The steps that make ``live`` exactly ``target`` (content, kind, mode; absent = delete).
+    A special file (FIFO, socket, device) is never created: such a target is left as it is."""
     steps = []
     for path in sorted(set(live) | set(target), key=os.fsencode):
         now, wanted = live.get(path), target.get(path)
-        if wanted is None:
+        if wanted is not None and wanted.kind == SPECIAL:
+            if now is None or not now.matches(wanted, with_mode=False):
+                steps.append(Step(path, SKIP, now, wanted, note="a special file is never created: left as it is"))
+        elif wanted is None:
             if now is not None:
                 steps.append(Step(path, DELETE, now, None, note="remove"))
         elif now is None:
@@ -154,50 +167,137 @@ def restore_steps(live: dict[str, Live | None], target: dict[str, Entry | None])
 
 @dataclass
 class WriteResult:
+    """What one node's write did. ``error``: what stopped it after something may have been
+    written (a conflict at the moment of writing, a failed write or re-hash): the caller
+    undoes ``written`` and ``deleted``."""
+
     written: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     bytecode_removed: list[str] = field(default_factory=list)
+    conflicts: dict[str, Any] = field(default_factory=dict)  # path -> {"expected", "found"}
+    error: SnapverError | None = None
 
 
-def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[Step]) -> WriteResult:
-    """Write ``steps`` on one node and check the node's re-hash of every file it wrote."""
+def describe_conflicts(conflicts: dict[str, Any], limit: int = 5) -> str:
+    """``path (expected abc1234, found def5678)``, for the first ``limit`` paths."""
+    def state(value: Any) -> str:
+        if value is None:
+            return "absent"
+        if isinstance(value, list) and len(value) >= 2:
+            return f"{'link ' if value[0] == LINK else ''}{str(value[1])[:10]}"
+        return str(value)
+
+    shown = [f"{path} (expected {state(seen.get('expected'))}, found {state(seen.get('found'))})"
+             for path, seen in sorted(conflicts.items())[:limit]]
+    more = f" and {len(conflicts) - limit} more" if len(conflicts) > limit else ""
+    return "; ".join(shown) + more
+
+
+def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[Step], partial: bool = False,
+               abortable: bool = True) -> WriteResult:
+    """Write ``steps`` on one node and check the node's re-hash of every file it wrote.
+
+    Raises, with nothing written, when a path is unsafe or (unless ``partial``) does not
+    hold what the plan expects; ``Cancelled`` when interrupted while sending (``abortable``).
+    ``partial`` (an undo): paths that do not hold what is expected are skipped, reported
+    in ``conflicts``.
+    """
     todo = [s for s in steps if s.action in (WRITE, DELETE)]
     if not todo:
         return WriteResult()
-    reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo])
+    reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo], partial=partial)
     if reply.get("unsafe"):
         raise RemotePathError(f"{spec.name}: refused: {sorted(reply['unsafe'].values())[0]}",
                               hint="snapver never writes through a symlink or outside the tracked paths")
     if reply.get("conflicts"):
-        changed = sorted(reply["conflicts"])
-        raise ConflictError(f"{spec.name}: changed since the plan was made: {', '.join(changed[:5])}"
-                            + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
+        raise ConflictError(f"{spec.name}: changed since the plan was made: {describe_conflicts(reply['conflicts'])}",
                             hint="nothing was written there; run the command again to see the new plan")
-    oids = [s.target.oid for s in todo if s.action == WRITE and s.target is not None]
-    content = dict(store.read_blobs(oids))
+    skipped = set(reply.get("skipped") or ())
+    sending = [s for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
+    content = dict(store.read_blobs([s.target.oid for s in sending if s.target is not None]))
     pause = int(os.environ.get(PAUSE_ENV) or 0)
-    sent = 0
-    for step in todo:
-        if step.action != WRITE or step.target is None:
-            continue
+    for sent, step in enumerate(sending, 1):
+        assert step.target is not None
         data = content[step.target.oid]
-        transport.send_stream(data[i:i + CHUNK] for i in range(0, len(data), CHUNK))
-        sent += 1
+        transport.send_stream((data[i:i + CHUNK] for i in range(0, len(data), CHUNK)), abortable=abortable)
         if pause and sent == pause:
-            time.sleep(3600)
+            time.sleep(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
     done = transport.call("write_done")
+    result = WriteResult(sorted(done.get("written") or {}), sorted(done.get("deleted") or {}),
+                         list(done.get("bytecode_removed") or []),
+                         {**(done.get("skipped") or {}), **(done.get("conflicts") or {})})
     if done.get("failure"):
-        raise TransportError(f"{spec.name}: write failed: {done['failure']}")
-    written = done.get("written", {})
+        result.error = TransportError(f"{spec.name}: write failed: {done['failure']}")
+    elif done.get("conflicts") and not partial:
+        result.error = ConflictError(f"{spec.name}: changed while the push was writing: "
+                                     f"{describe_conflicts(done['conflicts'])}",
+                                     hint="that file was left as the other writer made it")
+    written = done.get("written") or {}
     for step in todo:
-        if step.action == WRITE and step.target is not None:
+        if step.action == WRITE and step.target is not None and step.path in written:
             got = Live.of(written.get(step.path))
             if got is None or not got.matches(step.target, with_mode=not step.keep_mode):
-                raise TransportError(f"{spec.name}: {step.path}: re-hash after writing does not match "
-                                     f"(wrote {step.target.oid[:10]}, found {got.oid[:10] if got and got.oid else got})")
-        elif done.get("deleted", {}).get(step.path) is not None:
-            raise TransportError(f"{spec.name}: {step.path}: still there after deleting it")
-    return WriteResult(sorted(written), sorted(done.get("deleted", {})), done.get("bytecode_removed", []))
+                result.error = result.error or TransportError(
+                    f"{spec.name}: {step.path}: re-hash after writing does not match "
+                    f"(wrote {step.target.oid[:10]}, found {got.oid[:10] if got and got.oid else got})")
+        elif (done.get("deleted") or {}).get(step.path) is not None:
+            result.error = result.error or TransportError(f"{spec.name}: {step.path}: still there after deleting it")
+    return result
+
+
+def _is(live: Live | None, entry: Entry | None, with_mode: bool) -> bool:
+    return live is None and entry is None or live is not None and live.matches(entry, with_mode)
+
+
+def undo_steps(live: dict[str, Live | None], wrote: dict[str, Entry | None], before: dict[str, Entry | None],
+               force: bool = False) -> list[Step]:
+    """The steps that put back ``before`` on the paths a write made ``wrote``: only where the
+    path still holds what was written (or, ``force``, whatever it holds); a path changed
+    since is a CONFLICT step, left alone. Paths already as before need nothing."""
+    steps = []
+    for path in sorted(wrote, key=os.fsencode):
+        now, ours, wanted = live.get(path), wrote[path], before.get(path)
+        action = WRITE if wanted is not None else DELETE
+        if _is(now, wanted, with_mode=True):
+            continue
+        if wanted is not None and wanted.kind == SPECIAL:
+            steps.append(Step(path, SKIP, now, wanted, note="a special file is never created: left as it is"))
+        elif _is(now, ours, with_mode=False):
+            steps.append(Step(path, action, now, wanted, note="undo"))
+        elif force:
+            steps.append(Step(path, action, now, wanted, note="forced: changed since it was written", forced=True))
+        else:
+            steps.append(Step(path, CONFLICT, now, wanted, note="changed since it was written: left alone"))
+    return steps
+
+
+def undo_node(store: Store, plan: NodePlan, wrote: dict[str, Entry | None], before: Manifest) -> list[str]:
+    """Put ``before`` back on the paths a write made ``wrote``, by the compare-and-swap rule
+    (a fresh connection if the old one died); returns the paths left alone because they
+    changed since they were written."""
+    for attempt in range(2):
+        if plan.transport is None or not plan.transport.is_open or attempt:
+            plan.close()
+            plan.transport = open_node(plan.spec)
+        try:
+            live = check_paths(plan.transport, plan.spec, list(wrote))
+            steps = undo_steps(live, wrote, {path: before.get(path) for path in wrote})
+            result = write_node(store, plan.transport, plan.spec, steps, partial=True, abortable=False)
+            if result.error is not None:
+                raise result.error
+            return sorted({s.path for s in steps if s.action == CONFLICT} | set(result.conflicts))
+        except TransportError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def left_alone_error(node: str, paths: list[str]) -> ConflictError:
+    """The error for an undo that left files alone because they changed since written."""
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return ConflictError(f"{node}: {len(paths)} file(s) changed since they were written, left alone: {shown}",
+                         hint=f"see them with `snapver diff {node}`; `snapver rollback {node} --force` "
+                              "restores them anyway")
 
 
 def run_health(transport: Transport, spec: NodeSpec, command: str, timeout: float) -> str:
@@ -353,25 +453,15 @@ def _snapshot(store: Store, plans: list[NodePlan]) -> dict[str, str | SnapverErr
     return found
 
 
-def _restore(store: Store, plan: NodePlan, paths: list[str], target: Manifest) -> None:
-    """Put ``paths`` back as ``target`` holds them (a fresh connection if the old one died)."""
-    for attempt in range(2):
-        if plan.transport is None or attempt:
-            plan.close()
-            plan.transport = open_node(plan.spec)
-        try:
-            live = check_paths(plan.transport, plan.spec, paths)
-            write_node(store, plan.transport, plan.spec, restore_steps(live, {p: target.get(p) for p in paths}))
-            return
-        except TransportError:
-            if attempt:
-                raise
-
-
 def execute(store: Store, plans: list[NodePlan], record: Record, health: str | None = None,
             health_timeout: float = 300.0, keep_going: bool = False, undo_failed: bool = True,
             on_node: Callable[[NodeRun], None] | None = None) -> list[NodeRun]:
-    """Apply every plan that has writes (see the module docstring for the order)."""
+    """Apply every plan that has writes (see the module docstring for the order).
+
+    An interrupt (Ctrl-C, SIGTERM) stops the nodes still sending (nothing is committed
+    there: ``cancelled``), undoes by the compare-and-swap rule the nodes already written,
+    records the outcome and returns; the caller then raises the interrupt.
+    """
     busy = [p for p in plans if p.writes]
     runs = {p.node: NodeRun(p.node) for p in busy}
     if not busy:
@@ -396,62 +486,106 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
         for node, commit in started.items():
             runs[node].record = commit
         restore_of = {row["node"]: row["restore"] for row in rows}
+        wrote_of = {p.node: {s.path: s.target if s.action == WRITE else None for s in p.writes} for p in busy}
         stop = threading.Event()
+        undone: set[str] = set()
 
         def apply(plan: NodePlan) -> None:
             run = runs[plan.node]
             began = time.monotonic()
-            if stop.is_set() and not keep_going:
+            if (stop.is_set() and not keep_going) or interrupt.requested():
                 return
             try:
                 if plan.transport is None:
                     plan.transport = open_node(plan.spec)
                 result = write_node(store, plan.transport, plan.spec, plan.steps)
                 run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
+                if result.error is not None:
+                    raise result.error
+                if os.environ.get(PAUSE_WRITTEN_ENV):
+                    time.sleep(float(os.environ[PAUSE_WRITTEN_ENV]))
                 if health:
                     run.health = run_health(plan.transport, plan.spec, health, health_timeout)
                 run.state = "done"
+            except Cancelled as exc:
+                run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
             except SnapverError as exc:
-                run.error = exc
-                run.state = "failed"
+                run.error, run.state = exc, "failed"
                 stop.set()
-                if undo_failed:
-                    _undo(plan, run)
+                if undo_failed and not interrupt.requested():
+                    undo(plan)
             finally:
                 run.seconds = time.monotonic() - began
 
-        def _undo(plan: NodePlan, run: NodeRun) -> None:
+        def undo(plan: NodePlan) -> None:
+            run = runs[plan.node]
+            undone.add(plan.node)
             try:
-                _restore(store, plan, [s.path for s in plan.writes], store.manifest(str(run.before)))
-                run.state = "rolled-back"
+                left = undo_node(store, plan, wrote_of[plan.node], store.manifest(str(run.before)))
             except SnapverError as exc:
-                run.rollback_error = exc
-                run.state = "failed"
+                run.rollback_error, run.state = exc, "failed"
+                return
+            if left:
+                run.rollback_error, run.state = left_alone_error(plan.node, left), "failed"
+            else:
+                run.state = "rolled-back"
 
-        with ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:
-            list(pool.map(apply, busy))
-            if stop.is_set() and not keep_going:
-                list(pool.map(lambda p: _undo(p, runs[p.node]) if runs[p.node].state == "done" else None, busy))
-        touched = [p for p in busy if runs[p.node].state != "not-started" or runs[p.node].error]
-        after = _snapshot(store, touched) if touched else {}
+        interrupted = False
+        with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:
+            futures = {pool.submit(apply, plan): plan for plan in busy}
+            try:
+                while wait(futures, timeout=0.2).not_done:
+                    pass
+            except KeyboardInterrupt:
+                interrupted = True
+                _stop_in_order(futures)
+            if interrupted or (stop.is_set() and not keep_going):
+                again = [p for p in busy if p.node not in undone and (runs[p.node].state == "done" or (
+                    interrupted and runs[p.node].state == "failed"))]
+                list(pool.map(undo, again))
+            touched = [p for p in busy if runs[p.node].state != "not-started" or runs[p.node].error]
+            for plan in touched:
+                if plan.transport is not None and not plan.transport.is_open:
+                    plan.close()  # cut by the interrupt: the snapshot connects again
+            after = _snapshot(store, touched) if touched else {}
         rows = []
         for plan in busy:
             run = runs[plan.node]
             snap = after.get(plan.node)
             run.after = snap if isinstance(snap, str) else None
             if run.state == "not-started":
-                run.state = "cancelled"  # another node failed first: never written
+                run.state = "cancelled"  # another node failed first, or an interrupt: never written
             errors = [str(e) for e in (run.error, run.rollback_error, snap) if isinstance(e, SnapverError)]
             rows.append({"node": plan.node, "state": run.state, "tree": run.after or run.before,
                          "before": run.before, "after": run.after, "restore": restore_of[plan.node],
                          "files": _files_meta(plan), "written": len(run.written), "deleted": len(run.deleted),
-                         "bytecode_removed": len(run.bytecode_removed), "error": "; ".join(errors) or None})
-        for node, commit in write_records(store, record, rows).items():
+                         "bytecode_removed": len(run.bytecode_removed), "interrupted": interrupted,
+                         "error": "; ".join(errors) or None})
+        try:
+            finished = write_records(store, record, rows)
+        except StoreError as exc:
+            patched = [n for n, r in runs.items() if r.state == "done" or (r.state == "failed" and r.written)]
+            if not patched:
+                raise
+            raise StoreError(f"{exc.message}; {', '.join(patched)} {'was' if len(patched) == 1 else 'were'} "
+                             "written, but the push's outcome could not be recorded (its record says started)",
+                             hint=f"make room for the store, then `snapver rollback {patched[0]}` restores "
+                                  "it") from exc
+        for node, commit in finished.items():
             runs[node].record = commit
     for plan in busy:
         if on_node:
             on_node(runs[plan.node])
     return [runs[p.node] for p in busy]
+
+
+def _stop_in_order(futures: dict[Future[None], NodePlan]) -> None:
+    """After an interrupt: nodes still sending stop by themselves at their next piece; any
+    still busy a moment later (waiting for a reply) have their connection cut."""
+    if wait(futures, timeout=interrupt.GRACE).not_done:
+        busy = [futures[f] for f in futures if not f.done()]
+        interrupt.cut_all([plan.transport for plan in busy if plan.transport is not None])
+        wait(futures, timeout=10)
 
 
 def _files_meta(plan: NodePlan) -> dict[str, list[str]]:

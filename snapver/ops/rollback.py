@@ -1,6 +1,10 @@
-"""Rollback: restore a node's tracked tree exactly to a snapshot (content, mode, links,
-deletions, additions) — by default to how it was before the last push that changed it,
-which also repairs a push that was killed half-way. Same plan/apply path as push."""
+"""Rollback: undo the last push that changed a node — or, with ``--to``, restore the
+node's tracked tree exactly to a snapshot (content, mode, links, deletions, additions).
+
+Undoing a push touches only the files that push wrote, and each only while it still holds
+exactly what the push wrote: a file changed since (by another push, another engineer's
+store, a hand edit) is a conflict that refuses the rollback, unless ``force``. This also
+repairs a push that was killed half-way. Same plan/apply path as push."""
 
 from __future__ import annotations
 
@@ -8,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapver.config import Config
-from snapver.errors import RefError, SnapverError
-from snapver.model import Entry
-from snapver.ops.plan import Live, NodePlan, NodeRun, PushState, Record, execute, last_push, newest_record, \
-    open_node, restore_steps, within, write_records
+from snapver.errors import ConflictError, RefError, SnapverError
+from snapver.model import Entry, Manifest
+from snapver.ops.plan import Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, last_push, \
+    newest_record, open_node, restore_steps, undo_steps, within, write_records
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Store
@@ -26,6 +30,7 @@ class RollbackPlan:
     reason: str
     interrupted: PushState | None = None
     ignored: int = 0  # entries of the target outside the node's tracked paths
+    force: bool = False
 
     @property
     def nothing_to_do(self) -> bool:
@@ -56,22 +61,45 @@ def default_target(store: Store, node: str) -> tuple[str, str]:
     return pushed.restore, f"before the {how} of {pushed.patch} ({pushed.time:%Y-%m-%d %H:%M})"
 
 
-def plan_rollback(store: Store, config: Config, node: str, to: str | None = None) -> RollbackPlan:
-    """List the node and plan what makes it exactly the target snapshot."""
+def pushed_files(store: Store, node: str) -> dict[str, Entry | None] | None:
+    """What the node's last push wrote on each path it touched (None: deleted), from its
+    record and its patch; None when the record does not say (a record of an older snapver)."""
+    pushed = last_push(store, node)
+    if pushed is None:
+        return None
+    meta = store.commit(pushed.record).meta
+    files = meta.get("files")
+    source = meta.get("patch_commit") or pushed.after
+    if not isinstance(files, dict) or not source:
+        return None
+    patched = store.manifest(source)
+    return {path: patched.get(path) for key in ("write", "delete", "forced") for path in files.get(key) or ()}
+
+
+def plan_rollback(store: Store, config: Config, node: str, to: str | None = None,
+                  force: bool = False) -> RollbackPlan:
+    """Plan the rollback: without ``to``, undo the node's last push (only the files it
+    wrote, each only while it still holds what the push wrote, unless ``force``); with
+    ``to``, what makes the node exactly that snapshot."""
     from snapver.ops.pull import list_live
 
     spec = config.node(node)
     if to is None:
         target, reason = default_target(store, spec.name)
+        wrote = pushed_files(store, spec.name)
     else:
         target, reason = resolve_snapshot(store, config, to), f"--to {to}"
+        wrote = None
     manifest = store.manifest(target)
     wanted: dict[str, Entry | None] = {e.path: e for e in manifest if within(e.path, spec.paths)}
     prior = newest_record(store, spec.name)
     plan = RollbackPlan(NodePlan(spec), target, reason, prior if prior and prior.interrupted else None,
-                        len(manifest) - len(wanted))
+                        len(manifest) - len(wanted), force)
     try:
         plan.node.transport = open_node(spec)
+        if wrote is not None:
+            plan.node.steps = _undo_push_steps(plan.node, wrote, manifest, force)
+            return plan
         listing = list_live(store, plan.node.transport)
     except SnapverError:
         plan.close()
@@ -84,8 +112,22 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     return plan
 
 
+def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Manifest, force: bool) -> list:
+    assert node.transport is not None
+    paths = [path for path in wrote if within(path, node.spec.paths)]
+    live = check_paths(node.transport, node.spec, paths)
+    return undo_steps(live, {p: wrote[p] for p in paths}, {p: before.get(p) for p in paths}, force)
+
+
 def apply_rollback(store: Store, plan: RollbackPlan) -> NodeRun | None:
-    """Write the plan; with nothing to write, only close an interrupted push's record."""
+    """Write the plan; with nothing to write, only close an interrupted push's record.
+    Refuses a plan with conflicts (files changed since the push wrote them)."""
+    if plan.node.conflicts:
+        paths = [step.path for step in plan.node.conflicts]
+        raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
+                            f"wrote them: {', '.join(paths[:5])}" + (" …" if len(paths) > 5 else "")
+                            + "; nothing was written",
+                            hint=f"see them with `snapver diff {plan.node.node}`; --force restores them anyway")
     record = Record("rollback", f"rollback to {plan.target[:10]}", {"target": plan.target, "reason": plan.reason,
                                                                     "patch": None})
     if plan.nothing_to_do:

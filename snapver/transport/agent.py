@@ -9,6 +9,7 @@ sglang tree: ~320 kB of JSON, ~70 kB on the wire). Paths travel as JSON strings 
 with ``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
 """
 
+import errno
 import fnmatch
 import gc
 import json
@@ -63,6 +64,8 @@ class Channel:
 
     def recv_frame(self):
         (size,) = struct.unpack(">I", self.read_exact(4))
+        if size == ABORT_FRAME:
+            raise Aborted()
         return self.read_exact(size) if size else b""
 
     def send(self, message):
@@ -137,23 +140,6 @@ def exclusion(patterns):
     return excluded
 
 
-def check_tracked_root(site, tracked):
-    """The tracked folder must exist and no component of it may be a symlink."""
-    current = site
-    for part in tracked.split("/"):
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            raise AgentError("%s: no such file or directory" % current, "path")
-        except PermissionError:
-            raise AgentError("%s: permission denied" % current, "path")
-        if stat.S_ISLNK(st.st_mode):
-            raise AgentError("%s: is a symlink; tracked paths may not pass through one" % current, "path")
-    if not stat.S_ISDIR(st.st_mode):
-        raise AgentError("%s: not a directory" % current, "path")
-
-
 def site_packages_of(requested):
     site = requested
     if not site:
@@ -221,30 +207,217 @@ def op_hello(channel, request):
     })
 
 
+# -- paths below site-packages, never through a symlink ----------------------------------
+# Every path is reached one component at a time, each opened relative to its parent's
+# descriptor with O_NOFOLLOW (as rsync 3.4 does since CVE-2024-12747): a folder swapped
+# for a symlink at any moment fails that path instead of leading out of the tree.
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | os.O_NOFOLLOW | O_CLOEXEC
+# A FIFO put in a file's place would block an open for reading: never block, check the kind
+# on the descriptor.
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | O_CLOEXEC
+
+
+class Unsafe(AgentError):
+    """A folder on a path's way that is a symlink (or not a folder): never followed."""
+
+    def __init__(self, path, what):
+        AgentError.__init__(self, "%s: %s" % (path, what), "unsafe")
+        self.path, self.what = path, what
+
+    def through(self, rel):
+        """The refusal for ``rel``, whose way passes through this folder."""
+        if self.what == "is a symlink":
+            return "%s: passes through the symlink %s" % (rel, self.path)
+        return "%s: %s is not a folder" % (rel, self.path)
+
+
+class At(object):
+    """A name in an open folder (``dir_fd``); ``shown`` is its path for messages."""
+
+    __slots__ = ("dir_fd", "name", "shown")
+
+    def __init__(self, dir_fd, name, shown):
+        self.dir_fd, self.name, self.shown = dir_fd, name, shown
+
+    def __str__(self):
+        return self.shown
+
+
+def lstat_at(where):
+    """lstat of a path (a str, for tests and the site itself) or of an ``At``."""
+    if isinstance(where, At):
+        return os.stat(where.name, dir_fd=where.dir_fd, follow_symlinks=False)
+    return os.lstat(where)
+
+
+def readlink_at(where):
+    if isinstance(where, At):
+        return os.readlink(where.name, dir_fd=where.dir_fd)
+    return os.readlink(where)
+
+
+def open_file_at(where):
+    """A descriptor of a regular file, opened without following a link or blocking."""
+    if isinstance(where, At):
+        fd = os.open(where.name, FILE_FLAGS, dir_fd=where.dir_fd)
+    else:
+        fd = os.open(where, FILE_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(str(where))
+    return fd
+
+
+class NotRegular(OSError):
+    """A path listed as a regular file that is something else now (never read)."""
+
+    def __str__(self):
+        return "%s: no longer a regular file" % self.args[0]
+
+
+def special_text(st):
+    """What a snapshot records for a FIFO, socket or device (never opened): a line git keeps."""
+    mode = st.st_mode
+    if stat.S_ISFIFO(mode):
+        what = "fifo"
+    elif stat.S_ISSOCK(mode):
+        what = "socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "%s device %d,%d" % ("character" if stat.S_ISCHR(mode) else "block",
+                                    os.major(st.st_rdev), os.minor(st.st_rdev))
+    else:
+        what = "file of type %o" % stat.S_IFMT(mode)
+    return ("snapver: special file: %s\n" % what).encode("ascii")
+
+
+class Tree(object):
+    """site-packages, opened once (its own path may pass through links: it is configured);
+    every folder below it is opened with ``open_dir``."""
+
+    def __init__(self, site):
+        self.site = site
+        self.fd = os.open(site, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        self._last = None  # (reldir, fd) of the last folder asked for: paths come in runs
+
+    def close(self):
+        self._forget()
+        os.close(self.fd)
+
+    def _forget(self):
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+
+    def full(self, rel):
+        return os.path.join(self.site, rel)
+
+    def open_dir(self, reldir, create=None):
+        """A new descriptor of folder ``reldir`` (the caller closes it). A component that is
+        a symlink or not a folder raises Unsafe; a missing one FileNotFoundError, unless
+        ``create`` is a list: then it is made (owned like its parent when we are root) and
+        its path appended to the list."""
+        fd = os.dup(self.fd)
+        done = []
+        try:
+            for part in reldir.split("/") if reldir else ():
+                done.append(part)
+                try:
+                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if create is None:
+                        raise FileNotFoundError(errno.ENOENT, "no such file or directory", self.full("/".join(done)))
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if os.geteuid() == 0:
+                        parent = os.fstat(fd)
+                        os.chown(part, parent.st_uid, parent.st_gid, dir_fd=fd, follow_symlinks=False)
+                    create.append("/".join(done))
+                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise self._why(fd, part, "/".join(done), exc)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def dir_for(self, reldir):
+        """``open_dir`` kept open for the next path in the same folder (do not close it)."""
+        if self._last is not None and self._last[0] == reldir:
+            return self._last[1]
+        self._forget()
+        fd = self.open_dir(reldir)
+        self._last = (reldir, fd)
+        return fd
+
+    def _why(self, fd, part, shown, exc):
+        try:
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return exc
+        if stat.S_ISLNK(st.st_mode):
+            return Unsafe(self.full(shown), "is a symlink")
+        if not stat.S_ISDIR(st.st_mode):
+            return Unsafe(self.full(shown), "not a folder")
+        return exc
+
+    def same_dir(self, reldir, fd):
+        """True while ``reldir`` still leads, without links, to the folder ``fd`` is open on."""
+        try:
+            now = self.open_dir(reldir)
+        except (OSError, AgentError):
+            return False
+        try:
+            a, b = os.fstat(now), os.fstat(fd)
+            return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        finally:
+            os.close(now)
+
+
+def open_tracked_root(tree, tracked):
+    """A descriptor of a tracked folder; it must exist, and no component may be a symlink."""
+    try:
+        return tree.open_dir(tracked.strip("/"))
+    except FileNotFoundError as exc:
+        raise AgentError("%s: no such file or directory" % (exc.filename or tree.full(tracked)), "path")
+    except PermissionError:
+        raise AgentError("%s: permission denied" % tree.full(tracked), "path")
+    except Unsafe as exc:
+        raise AgentError("%s; tracked paths may not pass through one" % exc, "path")
+
+
+def at_path(tree, rel):
+    """An ``At`` for ``rel`` (its folder from ``tree.dir_for``)."""
+    reldir, _, name = rel.rpartition("/")
+    return At(tree.dir_for(reldir), name, tree.full(rel))
+
+
 SETTLE_NS = 100 * 10**6  # a file changed more recently than this may be half-way through a rewrite
 
 
-def read_stable(full, st):
+def read_stable(where, st):
     """Read a file and make sure it did not change while read; returns (data, stat).
 
-    A file rewritten in place (truncate, then write) passes through states that are
-    neither old nor new; one whose ctime is under SETTLE_NS old is read only once it has
-    stayed the same that long.
+    ``where``: an ``At`` (or a path). A file rewritten in place (truncate, then write)
+    passes through states that are neither old nor new; one whose ctime is under
+    SETTLE_NS old is read only once it has stayed the same that long.
     """
-    return _stable(full, st, _read_whole)
+    return _stable(where, st, _read_whole)
 
 
-def hash_stable(full, st, algo=None, expect=None):
+def hash_stable(where, st, algo=None, expect=None):
     """Like read_stable, for the hex digest of the content (``algo``: a hashlib name;
     None: its git blob id) without holding it: returns (digest, stat). A file that hashes
     to ``expect`` is taken at once however fresh: it holds that whole content, not a
     state half-way through a rewrite (this agent's own writes, hashed right after)."""
-    return _stable(full, st, lambda fd, st: _hash_chunks(fd, st, algo), expect)
+    return _stable(where, st, lambda fd, st: _hash_chunks(fd, st, algo), expect)
 
 
-def _stable(full, st, read, expect=None):
+def _stable(where, st, read, expect=None):
     for _ in range(5):
-        fd = os.open(full, os.O_RDONLY)  # os.read: no buffered file object
+        fd = open_file_at(where)  # os.read: no buffered file object
         try:
             result, length = read(fd, st)
             after = os.fstat(fd)
@@ -256,12 +429,12 @@ def _stable(full, st, read, expect=None):
             if quiet >= SETTLE_NS or (expect is not None and result == expect):
                 return result, after
             time.sleep(min(SETTLE_NS, SETTLE_NS - quiet) / 1e9)
-            st = os.lstat(full)
+            st = lstat_at(where)
             if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == key:
                 return result, after
         else:
             st = after
-    raise AgentError("%s: keeps changing while read" % full, "remote")
+    raise AgentError("%s: keeps changing while read" % where, "remote")
 
 
 def _read_whole(fd, st):
@@ -299,35 +472,69 @@ def _hash_chunks(fd, st, algo):
     return digest.hexdigest(), length
 
 
-def walk(site, tracked_paths, patterns):
-    """Yield (relpath, stat) for every file and symlink below the tracked paths."""
+def walk(tree, tracked_paths, patterns):
+    """Yield (relpath, stat, At) for every file, symlink and special file below the
+    tracked paths, walking folders by descriptor (a folder swapped for a link mid-walk
+    fails the listing instead of being followed). The ``At``'s folder stays open until
+    the next item is asked for."""
     excluded = exclusion(patterns)
     for tracked in tracked_paths:
-        check_tracked_root(site, tracked)
-        stack = [tracked]
-        while stack:
-            reldir = stack.pop()
-            try:
-                iterator = os.scandir(os.path.join(site, reldir))
-            except PermissionError:
-                raise AgentError("%s: permission denied" % os.path.join(site, reldir), "path")
-            with iterator as entries:
-                for entry in entries:
-                    if entry.name.lower() == ".git":
-                        continue  # a git tree cannot hold it (git fsck: hasDotgit): never tracked
-                    rel = reldir + "/" + entry.name
-                    st = entry.stat(follow_symlinks=False)
-                    is_dir = stat.S_ISDIR(st.st_mode)
-                    if excluded(entry.name, rel, is_dir):
-                        continue
-                    if is_dir:
-                        stack.append(rel)
-                    elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                        yield rel, st
+        root_fd = open_tracked_root(tree, tracked)
+        try:
+            for item in _walk_folder(tree, root_fd, tracked.strip("/"), excluded):
+                yield item
+        finally:
+            os.close(root_fd)
+
+
+def _walk_folder(tree, fd, reldir, excluded):
+    try:
+        with os.scandir(fd) as iterator:
+            entries = [(entry.name, entry.stat(follow_symlinks=False)) for entry in iterator]
+    except PermissionError:
+        raise AgentError("%s: permission denied" % tree.full(reldir), "path")
+    for name, st in entries:
+        if name.lower() == ".git":
+            continue  # a git tree cannot hold it (git fsck: hasDotgit): never tracked
+        rel = reldir + "/" + name
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if excluded(name, rel, is_dir):
+            continue
+        if not is_dir:
+            yield rel, st, At(fd, name, tree.full(rel))
+            continue
+        try:
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            continue  # removed since listed
+        except PermissionError:
+            raise AgentError("%s: permission denied" % tree.full(rel), "path")
+        except OSError:  # no longer a folder (a symlink now): never followed
+            raise AgentError("%s: changed while listed (a folder swapped for a link?)" % tree.full(rel), "remote")
+        try:
+            for item in _walk_folder(tree, child, rel, excluded):
+                yield item
+        finally:
+            os.close(child)
+
+
+def _row_of(where, st, oid_wanted, expect=None):
+    """(kind, size, st, oid, target) of a listed path; oid None when not wanted."""
+    if stat.S_ISLNK(st.st_mode):
+        target = fs(readlink_at(where))
+        return "l", len(target), st, blob_id(target), os.fsdecode(target)
+    if stat.S_ISREG(st.st_mode):
+        if not oid_wanted:
+            return "f", st.st_size, st, None, None
+        oid, st = hash_stable(where, st, expect=expect)
+        return "f", st.st_size, st, oid, None
+    text = special_text(st)
+    return "s", len(text), st, blob_id(text), None
 
 
 def op_list(channel, request):
-    """List the tree: kind, mode, size, times, inode, link target and git blob id.
+    """List the tree: kind ("f", "l", or "s" for a FIFO, socket or device: never opened),
+    mode, size, times, inode, link target and git blob id.
 
     A file whose stat matches the client's cache keeps its cached blob id unless its
     times are too close to when that cache was made to be trusted (git's racy check).
@@ -345,36 +552,33 @@ def op_list(channel, request):
     listed = []
     same = 0
     hashed = 0
-    for rel, st in walk(site, request["paths"], request.get("exclude") or []):
-        target = None
-        oid = None
-        if stat.S_ISLNK(st.st_mode):
-            target = os.fsdecode(os.readlink(os.path.join(site, rel)))
-            oid = blob_id(fs(target))
-            size = len(fs(target))
-        else:
-            size = st.st_size
-            cached = cache.get(rel)
-            key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
-            if cached and cached[:5] == key and max(st.st_mtime_ns, st.st_ctime_ns) < racy_after:
-                if delta:
-                    listed.append(rel)
-                    same += 1
-                    continue
-                oid = cached[5]
-            elif want_oids:
-                full = os.path.join(site, rel)
+    tree = Tree(site)
+    try:
+        for rel, st, where in walk(tree, request["paths"], request.get("exclude") or []):
+            oid = None
+            if stat.S_ISREG(st.st_mode):
+                cached = cache.get(rel)
+                key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
+                if cached and cached[:5] == key and max(st.st_mtime_ns, st.st_ctime_ns) < racy_after:
+                    if delta:
+                        listed.append(rel)
+                        same += 1
+                        continue
+                    oid = cached[5]
+            if oid is None:
                 try:
-                    oid, st = hash_stable(full, st, expect=_WROTE.get(full))
+                    kind, size, st, oid, target = _row_of(where, st, want_oids, _WROTE.get(rel))
                 except FileNotFoundError:
                     continue
                 except PermissionError:
-                    raise AgentError("%s: permission denied" % full, "path")
-                size = st.st_size
-                hashed += 1
-        listed.append(rel)
-        entries.append([rel, "l" if target is not None else "f", st.st_mode, size,
-                        st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+                    raise AgentError("%s: permission denied" % where, "path")
+                hashed += kind == "f" and oid is not None
+            else:
+                kind, size, target = "f", st.st_size, None
+            listed.append(rel)
+            entries.append([rel, kind, st.st_mode, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+    finally:
+        tree.close()
     channel.listed = listed  # for a read of "listed" paths
     reply = {"now_ns": now_ns, "entries": entries, "hashed": hashed}
     if delta:
@@ -387,9 +591,11 @@ def op_list(channel, request):
 def op_read(channel, request):
     """Stream the content of the asked paths, in one (optionally zlib) stream.
 
-    Record: path length (4) + path + kind (1: file, 2: link, 0: vanished, 3: unreadable,
-    the content being the reason) + size (8) + content. A zero path length ends the
-    stream. (An error reply in the middle of the stream would put it out of step.)
+    Record: path length (4) + path + kind (1: file, 2: link, 4: special file — the line
+    that stands for it —, 0: vanished, 3: unreadable, the content being the reason) +
+    size (8) + content. A zero path length ends the stream. (An error reply in the middle
+    of the stream would put it out of step.) A path whose folder became a symlink since
+    it was listed is unreadable, never followed.
     """
     site = site_packages_of(request.get("site_packages"))
     level = request.get("compress_level", 0)
@@ -414,24 +620,28 @@ def op_read(channel, request):
 
     paths = channel.listed if request.get("listed") else request["paths"]
     channel.send({"ok": True})
-    for rel in paths:
-        full = os.path.join(site, rel)
-        encoded = fs(rel)
-        try:
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                kind, data = 2, fs(os.readlink(full))
-            elif stat.S_ISREG(st.st_mode):
-                kind = 1
-                data, st = read_stable(full, st)
-            else:
+    tree = Tree(site)
+    try:
+        for rel in paths:
+            encoded = fs(rel)
+            try:
+                where = at_path(tree, rel)
+                st = lstat_at(where)
+                if stat.S_ISLNK(st.st_mode):
+                    kind, data = 2, fs(readlink_at(where))
+                elif stat.S_ISREG(st.st_mode):
+                    kind = 1
+                    data, st = read_stable(where, st)
+                else:
+                    kind, data = 4, special_text(st)
+            except (FileNotFoundError, NotADirectoryError):
                 kind, data = 0, b""
-        except (FileNotFoundError, NotADirectoryError):
-            kind, data = 0, b""
-        except (AgentError, OSError) as exc:
-            kind, data = 3, str(exc).encode("utf-8", "replace")
-        emit(struct.pack(">I", len(encoded)) + encoded + struct.pack(">BQ", kind, len(data)))
-        emit(data)
+            except (AgentError, OSError) as exc:
+                kind, data = 3, str(exc).encode("utf-8", "replace")
+            emit(struct.pack(">I", len(encoded)) + encoded + struct.pack(">BQ", kind, len(data)))
+            emit(data)
+    finally:
+        tree.close()
     emit(struct.pack(">I", 0))
     if compressor is not None:
         tail = compressor.flush()
@@ -443,281 +653,457 @@ def op_read(channel, request):
 
 
 def op_hash(channel, request):
-    """Hash the asked paths with a hashlib algorithm (sha256 for RECORD checks)."""
+    """Hash the asked paths with a hashlib algorithm (sha256 for RECORD checks); None for a
+    path that is absent, a special file, or below a symlink."""
     site = site_packages_of(request.get("site_packages"))
     algo = request.get("algo", "sha256")
     result = {}
-    for rel in request["paths"]:
-        full = os.path.join(site, rel)
-        try:
-            st = os.lstat(full)
-        except (FileNotFoundError, NotADirectoryError):
+    tree = Tree(site)
+    try:
+        for rel in request["paths"]:
             result[rel] = None
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            result[rel] = _hashlib().new(algo, fs(os.readlink(full))).hexdigest()
-        elif stat.S_ISREG(st.st_mode):
-            result[rel] = hash_stable(full, st, algo)[0]
-        else:
-            result[rel] = None
+            try:
+                where = at_path(tree, rel)
+                st = lstat_at(where)
+            except (FileNotFoundError, NotADirectoryError, Unsafe):
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                result[rel] = _hashlib().new(algo, fs(readlink_at(where))).hexdigest()
+            elif stat.S_ISREG(st.st_mode):
+                result[rel] = hash_stable(where, st, algo)[0]
+    finally:
+        tree.close()
     channel.send({"hashes": result})
 
 
 # -- writing (push and rollback) ---------------------------------------------------------
-# A write never follows a symlink below site-packages and never leaves the tracked paths:
-# every component is lstat'ed, each file goes to a temporary file in its own folder and is
-# renamed over the old one (uv installs hard-link files into a shared cache: writing in
-# place would change the cache and every other venv linked to it).
+# A write holds the node's write lock (flock on each tracked root it touches: two snapver
+# writers, from any store, never interleave), checks every path against what the client
+# expects, stages each new file as a temporary file in its own folder (streamed to disk in
+# pieces, its blob id checked), and only then commits: right before each rename the path
+# is checked again (compare-and-swap: the same inode and times as when it was hashed, or the
+# same content), and its folder must still be the one the file was staged in. Nothing is
+# followed through a symlink. Renaming over the old file, never writing into it, matters
+# too: uv hard-links a venv's files into a shared cache.
 
+ABORT_FRAME = 0xFFFFFFFF  # a stream's length word that abandons the write: nothing is committed
+LOCK_TIMEOUT = 60.0
 _WRITE_RESULT = {}
-# Blob id of every file this agent wrote (by full path): hashed again right after, to verify
-# the write and for the snapshot that follows, such a file need not settle (hash_stable).
+# Blob id of every file this agent wrote (by path): hashed again right after, to verify the
+# write and for the snapshot that follows, such a file need not settle (hash_stable).
 _WROTE = {}
 
 
-def safe_target(site, rel, tracked):
-    """The full path of ``rel``, refusing '..', absolute paths, paths outside the tracked
-    paths and paths whose parent folders pass through a symlink."""
+class Aborted(Exception):
+    """The client abandoned the write (its user pressed Ctrl-C)."""
+
+
+class Target(object):
+    """One path of a write: what to make of it, what it must hold until then, and its staging."""
+
+    __slots__ = ("rel", "reldir", "name", "kind", "mode", "expect", "oid", "size", "key", "old", "dir_fd", "tmp")
+
+    def __init__(self, rel, kind, mode, expect, oid, size):
+        self.rel, self.kind, self.mode, self.expect, self.oid, self.size = rel, kind, mode, expect, oid, size
+        self.reldir, _, self.name = rel.rpartition("/")
+        self.key = self.old = self.dir_fd = self.tmp = None
+
+
+def _key(st):
+    return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def relpath_problem(rel, tracked):
+    """Why ``rel`` may not be written ('..', absolute, outside the tracked paths), or None."""
     parts = rel.split("/")
     if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
-        raise AgentError("%s: unsafe path (absolute, empty or '..')" % rel, "unsafe")
+        return "%s: unsafe path (absolute, empty or '..')" % rel
     if not any(rel.startswith(t.strip("/") + "/") for t in tracked):
-        raise AgentError("%s: outside the tracked paths %s" % (rel, ", ".join(tracked)), "unsafe")
-    current = site
-    for part in parts[:-1]:
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except (FileNotFoundError, NotADirectoryError):
-            break  # the rest will be created
-        if stat.S_ISLNK(st.st_mode):
-            raise AgentError("%s: passes through the symlink %s" % (rel, current), "unsafe")
-        if not stat.S_ISDIR(st.st_mode):
-            raise AgentError("%s: %s is not a folder" % (rel, current), "unsafe")
-    return os.path.join(site, rel)
+        return "%s: outside the tracked paths %s" % (rel, ", ".join(tracked))
+    return None
 
 
-def path_state(full, expect=None):
-    """[kind, git blob id, st_mode] of a path, without following a symlink; None if absent.
-    ``expect``: the blob id it should have (see hash_stable)."""
+def state_at(where, expect=None):
+    """([kind, git blob id, st_mode], stat) of a path, without following a symlink or
+    opening a special file; (None, None) if absent. ``expect``: see hash_stable."""
     try:
-        st = os.lstat(full)
+        st = lstat_at(where)
     except (FileNotFoundError, NotADirectoryError):
-        return None
+        return None, None
     if stat.S_ISLNK(st.st_mode):
-        return ["l", blob_id(fs(os.readlink(full))), st.st_mode]
+        return ["l", blob_id(fs(readlink_at(where))), st.st_mode], st
     if stat.S_ISREG(st.st_mode):
-        oid, st = hash_stable(full, st, expect=expect)
-        return ["f", oid, st.st_mode]
-    return ["other", None, st.st_mode]
+        oid, st = hash_stable(where, st, expect=expect)
+        return ["f", oid, st.st_mode], st
+    return ["s", blob_id(special_text(st)), st.st_mode], st
 
 
-def _roots_of(site, files, tracked):
+def path_state(tree, rel, expect=None):
+    """``state_at`` of ``rel``: absent when a folder on its way is; Unsafe through a link."""
+    try:
+        where = at_path(tree, rel)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    return state_at(where, expect)
+
+
+def _touched_roots(tree, files, tracked):
+    """The tracked roots ``files`` lie in, each checked to exist without a link on its way."""
+    roots = []
     for root in tracked:
-        if any(rel.startswith(root.strip("/") + "/") for rel in files):
-            check_tracked_root(site, root.strip("/"))
+        root = root.strip("/")
+        if any(rel.startswith(root + "/") for rel in files):
+            os.close(open_tracked_root(tree, root))
+            roots.append(root)
+    return sorted(roots)
+
+
+def lock_roots(tree, roots, timeout):
+    """flock each root's folder (sorted: two writers cannot deadlock), waiting at most
+    ``timeout`` seconds in all; returns the descriptors that hold the locks."""
+    import fcntl
+
+    held = []
+    deadline = time.time() + timeout
+    try:
+        for root in roots:
+            fd = open_tracked_root(tree, root)
+            held.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.time() >= deadline:
+                        raise AgentError("%s: another snapver is writing there; gave up after %g s"
+                                         % (tree.full(root), timeout), "busy")
+                    time.sleep(0.05)
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        raise
+    return held
 
 
 def op_check(channel, request):
     """The current state of the given paths; unsafe ones are reported, never opened."""
     site = site_packages_of(request.get("site_packages"))
     tracked = request["tracked"]
-    _roots_of(site, request["files"], tracked)
-    states, unsafe = {}, {}
-    for rel in request["files"]:
-        try:
-            states[rel] = path_state(safe_target(site, rel, tracked))
-        except AgentError as exc:
-            unsafe[rel] = str(exc)
+    tree = Tree(site)
+    try:
+        _touched_roots(tree, request["files"], tracked)
+        states, unsafe = {}, {}
+        for rel in request["files"]:
+            problem = relpath_problem(rel, tracked)
+            if problem:
+                unsafe[rel] = problem
+                continue
+            try:
+                states[rel] = path_state(tree, rel)[0]
+            except Unsafe as exc:
+                unsafe[rel] = exc.through(rel)
+    finally:
+        tree.close()
     channel.send({"states": states, "unsafe": unsafe})
 
 
-def _recv_stream(channel):
-    chunks = []
-    while True:
-        frame = channel.recv_frame()
-        if not frame:
-            return b"".join(chunks)
-        chunks.append(frame)
-
-
-def _make_parents(site, full):
-    """Create missing folders (owned like their parent when running as root)."""
-    folder = os.path.dirname(full)
-    missing = []
-    while not os.path.lexists(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    parent_st = os.lstat(folder)
-    for folder in reversed(missing):
-        os.mkdir(folder, 0o755)
-        if os.geteuid() == 0:
-            os.lchown(folder, parent_st.st_uid, parent_st.st_gid)
-
-
-def _replace(full, kind, mode, data):
-    """Write ``data`` beside ``full`` and rename it over: atomic, keeps owner (and mode if None)."""
-    import tempfile
-
-    folder, name = os.path.split(full)
-    try:
-        old = os.lstat(full)
-    except FileNotFoundError:
-        old = None
-    owner = (old.st_uid, old.st_gid) if old is not None else None
-    if owner is None and os.geteuid() == 0:
-        parent = os.lstat(folder)
-        owner = (parent.st_uid, parent.st_gid)
-    if kind == "l":
-        tmp = os.path.join(folder, ".snapver-%d-%s.tmp" % (os.getpid(), os.urandom(6).hex()))
-        os.symlink(data, fs(tmp))
+def _check(tree, files, tracked):
+    """Targets for ``files`` ([path, kind, mode, expected [kind, blob id] or None, blob id,
+    size]), each with the state it was found in; and the unsafe and conflicting paths."""
+    targets, unsafe, conflicts = [], {}, {}
+    for rel, kind, mode, expect, oid, size in files:
+        target = Target(rel, kind, mode, expect, oid, size)
+        problem = relpath_problem(rel, tracked)
+        if problem:
+            unsafe[rel] = problem
+            continue
         try:
-            if owner is not None and owner != (os.geteuid(), os.getegid()):
-                os.lchown(tmp, owner[0], owner[1])
-            os.rename(tmp, full)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return
-    if mode is None:
-        mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=".snapver-", suffix=".tmp", dir=folder)
+            state, st = path_state(tree, rel)
+        except Unsafe as exc:
+            unsafe[rel] = exc.through(rel)
+            continue
+        target.key, target.old = _key(st), st
+        found = state[:2] if state else None
+        if found != expect:
+            conflicts[rel] = {"expected": expect, "found": found}
+            continue
+        targets.append(target)
+    return targets, unsafe, conflicts
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _stage(channel, tree, target, made):
+    """Receive ``target``'s stream into a temporary file beside it, in pieces, and check its
+    blob id. The whole stream is read even after an error, which is then raised."""
+    error = None
+    fd = None
+    pieces = []
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            if owner is not None and owner != (os.geteuid(), os.getegid()):
-                os.fchown(handle.fileno(), owner[0], owner[1])
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.rename(tmp, full)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def remove_stale_bytecode(full):
-    """Remove ``__pycache__/<module>.<tag>[.opt-N].pyc`` of the module ``full`` (a .py file)."""
-    import re
-
-    folder, name = os.path.split(full)
-    cache = os.path.join(folder, "__pycache__")
+        target.dir_fd = tree.open_dir(target.reldir, create=made)
+        target.tmp = ".snapver-%d-%s.tmp" % (os.getpid(), os.urandom(6).hex())
+        if target.kind == "f":
+            fd = os.open(target.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC, 0o600,
+                         dir_fd=target.dir_fd)
+    except (OSError, AgentError) as exc:
+        error = exc
+        target.tmp = None
+    digest = _blob_digest(target.size)
+    length = 0
     try:
-        if not stat.S_ISDIR(os.lstat(cache).st_mode):
-            return []
-        names = os.listdir(cache)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    pattern = re.compile(re.escape(name[:-3]) + r"\.[^.]+(\.opt-[0-9]+)?\.pyc\Z")
-    removed = []
-    for entry in names:
-        if pattern.match(entry):
-            os.unlink(os.path.join(cache, entry))
-            removed.append(entry)
-    return removed
+        while True:
+            frame = channel.recv_frame()
+            if not frame:
+                break
+            length += len(frame)
+            digest.update(frame)
+            if error is None:
+                try:
+                    if fd is not None:
+                        _write_all(fd, frame)
+                    elif length <= 1 << 16:  # a link's target
+                        pieces.append(frame)
+                except OSError as exc:
+                    error = exc
+        if error is not None:
+            raise error
+        if length != target.size or digest.hexdigest() != target.oid:
+            raise AgentError("%s: content arrived damaged (%d bytes, blob %s; expected %s bytes, %s)"
+                             % (target.rel, length, digest.hexdigest(), target.size, target.oid))
+        old = target.old
+        owner = (old.st_uid, old.st_gid) if old is not None else None
+        if owner is None and os.geteuid() == 0:
+            parent = os.fstat(target.dir_fd)
+            owner = (parent.st_uid, parent.st_gid)
+        if owner == (os.geteuid(), os.getegid()):
+            owner = None
+        if fd is not None:
+            mode = target.mode
+            if mode is None:
+                mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
+            if owner is not None:
+                os.fchown(fd, owner[0], owner[1])
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        else:
+            os.symlink(b"".join(pieces), target.tmp, dir_fd=target.dir_fd)
+            if owner is not None:
+                os.chown(target.tmp, owner[0], owner[1], dir_fd=target.dir_fd, follow_symlinks=False)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
-def _prune_empty(site, full, tracked):
-    """After a deletion, remove folders it left empty (an emptied __pycache__ too), up to
-    the tracked root."""
-    roots = set(os.path.join(site, t.strip("/")) for t in tracked)
-    folder = os.path.dirname(full)
-    cache = os.path.join(folder, "__pycache__")
-    try:
-        if stat.S_ISDIR(os.lstat(cache).st_mode) and not os.listdir(cache):
-            os.rmdir(cache)
-    except OSError:
+def _drain(channel):
+    while channel.recv_frame():
         pass
-    while folder not in roots and folder.startswith(site + "/"):
+
+
+def _found_now(tree, target):
+    """The [kind, blob id] ``target``'s path holds right now ("moved" when its folder is no
+    longer the one it was staged in): unchanged inode and times stand for the content
+    hashed when checked, anything else is hashed again."""
+    if target.dir_fd is None:
         try:
-            os.rmdir(folder)
-        except OSError:
+            target.dir_fd = tree.open_dir(target.reldir)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    elif not tree.same_dir(target.reldir, target.dir_fd):
+        return "moved"
+    where = At(target.dir_fd, target.name, tree.full(target.rel))
+    try:
+        st = lstat_at(where)
+    except FileNotFoundError:
+        return None
+    if _key(st) == target.key:
+        return target.expect
+    state = state_at(where)[0]
+    return state[:2] if state else None
+
+
+def _commit(tree, targets, partial, result):
+    """Rename each staged file over its path (or delete it) while the path still holds what
+    was expected; a path that changed stops the commit (``partial``: is skipped)."""
+    for target in targets:
+        try:
+            found = _found_now(tree, target)
+        except Unsafe:
+            found = "moved"
+        if found != target.expect:
+            result["conflicts"][target.rel] = {"expected": target.expect,
+                                               "found": found if found != "moved" else "folder moved or replaced"}
+            if partial:
+                continue
             return
-        folder = os.path.dirname(folder)
+        try:
+            if target.kind:
+                os.rename(target.tmp, target.name, src_dir_fd=target.dir_fd, dst_dir_fd=target.dir_fd)
+                target.tmp = None
+                result["written"][target.rel] = None
+                if target.kind == "f":
+                    _WROTE[target.rel] = target.oid
+            else:
+                os.unlink(target.name, dir_fd=target.dir_fd)
+                result["deleted"][target.rel] = None
+        except OSError as exc:
+            result["failure"] = "%s: %s" % (target.rel, exc.strerror or exc)
+            return
+
+
+def remove_stale_bytecode(dir_fd, name):
+    """Remove ``__pycache__/<module>.<tag>[.opt-N].pyc`` of the module ``name`` (a .py file)."""
+    try:
+        cache = os.open("__pycache__", DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return []
+    try:
+        pattern = re.compile(re.escape(name[:-3]) + r"\.[^.]+(\.opt-[0-9]+)?\.pyc\Z")
+        removed = []
+        for entry in os.listdir(cache):
+            if pattern.match(entry):
+                os.unlink(entry, dir_fd=cache)
+                removed.append(entry)
+        return removed
+    finally:
+        os.close(cache)
+
+
+def _prune_empty(tree, reldir, roots):
+    """After a deletion, remove the folders it left empty (an emptied __pycache__ too), up to
+    the tracked root."""
+    try:
+        fd = tree.open_dir(reldir)
+        try:
+            os.rmdir("__pycache__", dir_fd=fd)
+        finally:
+            os.close(fd)
+    except (OSError, AgentError):
+        pass
+    _remove_empty(tree, reldir, roots)
+
+
+def _remove_empty(tree, reldir, roots):
+    while reldir not in roots and "/" in reldir and _rmdir(tree, reldir):
+        reldir = reldir.rpartition("/")[0]
+
+
+def _rmdir(tree, reldir):
+    """Remove folder ``reldir`` if it is empty (reached without links); True if removed."""
+    parent, _, name = reldir.rpartition("/")
+    try:
+        fd = tree.open_dir(parent)
+        try:
+            os.rmdir(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except (OSError, AgentError):
+        return False
+    return True
 
 
 def op_write(channel, request):
-    """Write files atomically after checking every one is as the client expects.
+    """Write files atomically, each only while it holds what the client expects.
 
     ``files``: [path, kind ("f", "l" or None to delete), mode (permission bits, or None to
-    keep the current ones), expected [kind, blob id] or None for absent]. Nothing is
-    written unless every expectation holds (reply ``conflicts``) and every path is safe
-    (reply ``unsafe``); else the reply is ``ok`` and one stream per file with content
-    follows. ``write_done`` returns what was written, re-hashed from disk.
+    keep the current ones), expected [kind, blob id] or None for absent, blob id and size
+    of the new content]. Unsafe paths refuse the whole write (reply ``unsafe``); so do
+    paths that do not hold what is expected (``conflicts``) unless ``partial`` (an undo:
+    those are skipped, the rest written). Else the reply is ``ok`` with the ``skipped``
+    paths, and one stream follows per file with content (not for skipped ones); a stream
+    whose length word is ABORT_FRAME abandons the write. ``write_done`` returns what was
+    written, each path re-hashed from disk, and the conflicts met at the moment of writing.
     """
     site = site_packages_of(request.get("site_packages"))
     tracked = request["tracked"]
-    files = request["files"]
+    partial = bool(request.get("partial"))
+    result = {"written": {}, "deleted": {}, "bytecode_removed": [], "failure": None, "conflicts": {},
+              "skipped": {}, "aborted": False}
     _WRITE_RESULT.clear()
-    _roots_of(site, [f[0] for f in files], tracked)
-    targets, unsafe, conflicts = [], {}, {}
-    for rel, kind, mode, expect in files:
+    _WRITE_RESULT.update(result)
+    tree = Tree(site)
+    held = []
+    targets = []
+    made = []
+    try:
+        roots = _touched_roots(tree, [f[0] for f in request["files"]], tracked)
+        held = lock_roots(tree, roots, float(request.get("lock_timeout") or LOCK_TIMEOUT))
+        targets, unsafe, conflicts = _check(tree, request["files"], tracked)
+        if unsafe or (conflicts and not partial):
+            channel.send({"unsafe": unsafe, "conflicts": conflicts})
+            return
+        result["skipped"] = conflicts
+        channel.send({"ok": True, "skipped": sorted(conflicts)})
         try:
-            full = safe_target(site, rel, tracked)
-        except AgentError as exc:
-            unsafe[rel] = str(exc)
-            continue
-        state = path_state(full)
-        if (state[:2] if state else None) != expect:
-            conflicts[rel] = state
-        targets.append((rel, full, kind, mode))
-    if unsafe or conflicts:
-        channel.send({"unsafe": unsafe, "conflicts": conflicts})
-        return
-    channel.send({"ok": True})
-    written, deleted, bytecode, error = [], [], [], None
-    folders = set()
-    for rel, full, kind, mode in targets:
-        try:
-            data = _recv_stream(channel) if kind else None
+            for target in targets:
+                if not target.kind:
+                    continue
+                if result["failure"] is not None:
+                    _drain(channel)  # write nothing more; keep the protocol in step
+                    continue
+                try:
+                    _stage(channel, tree, target, made)
+                except (OSError, AgentError) as exc:
+                    result["failure"] = "%s: %s" % (target.rel, getattr(exc, "strerror", None) or exc)
+        except Aborted:
+            result["aborted"] = True
+            return
         except EOFError:
-            return  # the client went away mid-push: stop here, as a killed push would
-        if error is not None:
-            continue  # drain the rest of the streams, write nothing more
-        try:
-            if kind:
-                _make_parents(site, full)
-                _replace(full, kind, mode, data)
-                written.append(rel)
-                if kind == "f":
-                    _WROTE[full] = blob_id(data)
-            else:
-                if os.path.lexists(full):
-                    os.unlink(full)
-                deleted.append(rel)
-            folders.add(os.path.dirname(full))
-            if rel.endswith(".py"):
-                bytecode += [os.path.dirname(rel) + "/__pycache__/" + n for n in remove_stale_bytecode(full)]
-            if not kind:
-                _prune_empty(site, full, tracked)
-        except OSError as exc:
-            error = "%s: %s" % (rel, exc.strerror or exc)
-    for folder in folders:
-        try:
-            fd = os.open(folder, os.O_RDONLY)
-        except OSError:
+            return  # the client went away mid-stream: nothing was committed
+        if result["failure"] is None:
+            _commit(tree, targets, partial, result)
+        _finish(tree, tracked, targets, result)
+    finally:
+        for target in targets:
+            if target.tmp is not None:  # staged, never committed
+                try:
+                    os.unlink(target.tmp, dir_fd=target.dir_fd)
+                except OSError:
+                    pass
+            if target.dir_fd is not None:
+                os.close(target.dir_fd)
+        for reldir in reversed(made):  # folders made for files that were never committed
+            _rmdir(tree, reldir)
+        for fd in held:
+            os.close(fd)
+        tree.close()
+        _WRITE_RESULT.update(result)
+
+
+def _finish(tree, tracked, targets, result):
+    """After the commit: stale bytecode, emptied folders, fsync, and each path re-hashed."""
+    roots = set(root.strip("/") for root in tracked)
+    folders = {}
+    for target in targets:
+        if target.rel not in result["written"] and target.rel not in result["deleted"]:
             continue
+        folders[target.reldir] = target.dir_fd
+        if target.rel.endswith(".py"):
+            result["bytecode_removed"] += [target.reldir + "/__pycache__/" + n
+                                           for n in remove_stale_bytecode(target.dir_fd, target.name)]
+        if not target.kind:
+            _prune_empty(tree, target.reldir, roots)
+    for fd in folders.values():
         try:
             os.fsync(fd)
         except OSError:
             pass
-        finally:
-            os.close(fd)
-    rehashed = {}
-    for rel in written:
-        full = os.path.join(site, rel)
-        rehashed[rel] = path_state(full, _WROTE.get(full))
-    _WRITE_RESULT.update({"written": rehashed,
-                          "deleted": dict((rel, path_state(os.path.join(site, rel))) for rel in deleted),
-                          "bytecode_removed": bytecode, "failure": error})
+    for found, expect in ((result["written"], _WROTE), (result["deleted"], {})):
+        for rel in found:
+            try:
+                found[rel] = path_state(tree, rel, expect.get(rel))[0]
+            except AgentError as exc:  # a folder swapped since: the client's check fails it
+                found[rel] = ["moved", str(exc), 0]
 
 
 def op_write_done(channel, request):
-    """What the last ``write`` did: each written path re-hashed from disk, deletions, bytecode."""
-    channel.send(dict(_WRITE_RESULT) or {"written": {}, "deleted": {}, "bytecode_removed": [], "failure": None})
+    """What the last ``write`` did: each written path re-hashed from disk, deletions,
+    bytecode, the conflicts met at the moment of writing, a failure, an abort."""
+    channel.send(dict(_WRITE_RESULT) or {"written": {}, "deleted": {}, "bytecode_removed": [], "failure": None,
+                                         "conflicts": {}, "skipped": {}, "aborted": False})
 
 
 def op_run(channel, request):

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+from snapver import interrupt
 from snapver.config import NodeSpec
-from snapver.errors import RemotePathError, TransportError
-from snapver.model import FILE, LINK, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import SQUEEZE_OVER, SQUEEZED
+from snapver.errors import Cancelled, RemotePathError, TransportError
+from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
+from snapver.transport.agent import ABORT_FRAME, SQUEEZE_OVER, SQUEEZED
 from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
@@ -40,6 +41,16 @@ class RawChannel:
     # (over SSH that wait is a round trip; the agent exits at the bye, or at the EOF the
     # closed connection gives it). None: ``close``.
     leave: Any = None
+    # () -> None: end it at once, waiting for nothing, safe from another thread (an
+    # interrupt); reads and writes in progress fail at once. None: ``leave`` or ``close``.
+    kill: Any = None
+
+    def end(self, hurry: bool = False) -> str:
+        """``close`` (its stderr), or when ``hurry`` (an interrupt) ``kill``: waits for nothing."""
+        if hurry:
+            (self.kill or self.leave or self.close)()
+            return ""
+        return self.close() or ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,7 @@ class Transport(ABC):
         own work. A node that cannot answer hello fails that first use."""
         self._channel = self._start(agent_command(self.spec.python, no_site=bool(self.spec.site_packages),
                                                   site_packages=self.spec.site_packages))
+        interrupt.register(self)
         try:
             self._channel.stdin.write(AGENT_PAYLOAD)
         except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
@@ -165,8 +177,12 @@ class Transport(ABC):
         return self._channel is not None and (self._hello_pending or self._info is not None)
 
     def close(self) -> None:
+        interrupt.unregister(self)
         channel = self._channel
-        if channel is not None:
+        if channel is not None and interrupt.requested():
+            self._channel = None
+            channel.end(hurry=True)
+        elif channel is not None:
             try:
                 self._send({"op": "bye"})  # the agent ends when it reads it
             except TransportError:  # the agent is gone (and its channel closed)
@@ -174,9 +190,16 @@ class Transport(ABC):
             if self._channel is not None:
                 self._channel = None
                 # In step, nothing left to hear: leave at once. Else (a request still
-                # running, an interrupt) wait for the agent to finish and exit.
+                # running) wait for the agent to finish and exit.
                 (channel.leave if channel.leave and not self._unanswered else channel.close)()
         self._disconnect()
+
+    def cut(self) -> None:
+        """End the agent's session at once, from any thread (an interrupt): whatever waits
+        on it fails at once. ``close`` still cleans up after."""
+        channel = self._channel
+        if channel is not None:
+            channel.end(hurry=True)
 
     def __enter__(self) -> "Transport":
         self.open()
@@ -234,11 +257,16 @@ class Transport(ABC):
             raise self._dead(exc) from exc
         self.bytes_sent += len(data) + 4
 
-    def send_stream(self, chunks: Iterator[bytes]) -> None:
-        """Send a run of frames ended by an empty one (for writes)."""
+    def send_stream(self, chunks: Iterator[bytes], abortable: bool = True) -> None:
+        """Send a run of frames ended by an empty one (for writes). After an interrupt the
+        stream is abandoned between pieces with ABORT_FRAME, and ``Cancelled`` raised."""
         assert self._channel is not None
         try:
             for chunk in chunks:
+                if abortable and interrupt.requested():
+                    self._channel.stdin.write(struct.pack(">I", ABORT_FRAME))
+                    self._channel.stdin.flush()
+                    raise Cancelled(f"{self.spec.name}: interrupted while sending; nothing was committed there")
                 if chunk:
                     self._channel.stdin.write(struct.pack(">I", len(chunk)) + chunk)
                     self.bytes_sent += len(chunk) + 4
@@ -277,9 +305,11 @@ class Transport(ABC):
         if self._channel is not None:
             channel, self._channel = self._channel, None
             try:
-                stderr = channel.close() or ""
+                stderr = channel.end(hurry=interrupt.requested())
             except Exception:  # noqa: BLE001 - best effort while already failing
                 stderr = ""
+        if interrupt.requested():
+            return TransportError(f"{self.spec.name}: interrupted")
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else (str(exc) if exc else "connection closed")
         return TransportError(f"{self.spec.name}: agent ended unexpectedly: {detail}")
 
@@ -363,7 +393,7 @@ class Transport(ABC):
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
                 if kind_code == 3:  # the node could not read it (the reason is the content)
                     raise TransportError(f"{self.spec.name}: {data.decode('utf-8', 'replace')}")
-                yield path, {1: FILE, 2: LINK}.get(kind_code), data
+                yield path, {1: FILE, 2: LINK, 4: SPECIAL}.get(kind_code), data
         finally:
             if finished:
                 while self._recv_frame():  # the rest up to the stream's end
@@ -371,7 +401,7 @@ class Transport(ABC):
             elif self._channel is not None:
                 # Abandoned mid-stream: the protocol is out of step, so end the agent.
                 channel, self._channel = self._channel, None
-                channel.close()
+                channel.end(hurry=interrupt.requested())
 
     def ping(self) -> float:
         """Seconds one request takes to come back: the link's round-trip time."""
@@ -414,7 +444,7 @@ def unsafe_listing_path(entries: list[StatEntry], tracked: tuple[str, ...]) -> s
     roots = tuple(root.strip("/") + "/" for root in tracked)
     seen: set[str] = set()
     for entry in entries:
-        if (not is_safe_relpath(entry.path) or entry.kind not in (FILE, LINK) or entry.path in seen
+        if (not is_safe_relpath(entry.path) or entry.kind not in (FILE, LINK, SPECIAL) or entry.path in seen
                 or not entry.path.startswith(roots)):
             return entry.path
         seen.add(entry.path)

@@ -36,4 +36,4 @@ class LocalTransport(Transport):
                 stderr = b""
             return stderr.decode("utf-8", "replace")
 
-        return RawChannel(process.stdin, process.stdout, close)
+        return RawChannel(process.stdin, process.stdout, close, kill=process.kill)

@@ -196,7 +196,13 @@ class MuxTransport(Transport):
             sock.close()
             return stream.stderr.decode("utf-8", "replace")
 
-        return RawChannel(stdin, stream, close)  # type: ignore[arg-type]
+        def kill() -> None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
+            except OSError:
+                pass
+
+        return RawChannel(stdin, stream, close, kill=kill)  # type: ignore[arg-type]
 
     def _disconnect(self) -> None:
         if self._direct is not None:

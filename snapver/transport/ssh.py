@@ -368,7 +368,8 @@ class SshTransport(Transport):
             stdin.close()  # end-of-file on the agent's stdin
             channel.close()
 
-        return RawChannel(stdin, stdout, close, leave)
+        # Closing the channel wakes a thread blocked reading it; sshd then ends the agent.
+        return RawChannel(stdin, stdout, close, leave, kill=channel.close)
 
     def _disconnect(self) -> None:
         if self._connection is not None:

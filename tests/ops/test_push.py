@@ -247,30 +247,48 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
     assert [r["action"] for r in records(store, "ct200")][:2] == ["rollback", "rollback"]
 
 
+@pytest.mark.parametrize("moment", ["mid-stream", "after-write"])
 def test_killed_push_is_shown_and_repaired(sglang_site_template, write_config, ssh_node, run_snapver, tmp_path,
-                                           isolated_env):
+                                           isolated_env, moment):
+    """SIGKILL while the files stream (staged only: the node is untouched, no temporary file
+    is left) or once the node is written (every file new): either way the push record says
+    started, status shows it interrupted, and rollback leaves the original tree."""
     template = sglang_site_template
     site = linked_copy(template, tmp_path / "nodes" / "ct200" / "site-packages")
     config_path = write_config({"ct200": ssh_node("ct200", site)})
     diff = make_fix(template, tmp_path / "fix")
     store = prepare(config_path, ("ct200",), ("cuda-fix", diff, "ct200", ("ct200",)))
     original = tree_hashes(site)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "SNAPVER_TEST_PAUSE_AFTER_FILES": "1"}
+    hook = {"mid-stream": {"SNAPVER_TEST_PAUSE_AFTER_FILES": "1"},
+            "after-write": {"SNAPVER_TEST_PAUSE_AFTER_WRITE": "3600"}}[moment]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **hook}
     process = subprocess.Popen([sys.executable, "-m", "snapver", "push", "cuda-fix", "--yes"], env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    folder = site / RUNNER.rsplit("/", 1)[0]
     try:
         deadline = time.monotonic() + 90
-        # The first file in path order is the runner: wait until the node holds its new version.
-        while sha((site / RUNNER).read_bytes()) == original[RUNNER][2]:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "the push never wrote its first file"
-            time.sleep(0.05)
+        if moment == "mid-stream":  # the first file in path order, the runner, is staged beside it
+            while not any(p.name.startswith(".snapver-") for p in folder.iterdir()):
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "the push never staged its first file"
+                time.sleep(0.01)
+            time.sleep(0.3)
+        else:
+            while sha((site / UTILS).read_bytes()) == original[UTILS][2]:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "the push never wrote the node"
+                time.sleep(0.05)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+    deadline = time.monotonic() + 10  # the node's agent sees its session end and removes what it staged
+    while any(p.name.startswith(".snapver-") for p in folder.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     half = tree_hashes(site)
-    # Paused after the first file's content: the runner is new, the next file's content never came.
-    assert half[RUNNER] != original[RUNNER] and ADDED not in half and half[UTILS] == original[UTILS]
+    if moment == "mid-stream":
+        assert half == original  # nothing committed, nothing left behind
+    else:
+        assert half[RUNNER] != original[RUNNER] and ADDED in half and GONE not in half
 
     state = push_state(store, "ct200")
     assert state is not None and state.interrupted and state.patch == "cuda-fix"
@@ -369,7 +387,7 @@ def test_node_side_refuses_unsafe_paths(make_site_packages, ssh_node, sshd, tmp_
                           ("sglang/srt/../../escape.py", "unsafe path"),
                           ("sglang/srt/linked/a.py", "passes through the symlink"),
                           ("sglang/other.py", "outside the tracked paths")]:
-            reply = transport.call("write", tracked=["sglang/srt"], files=[[path, "f", None, None]])
+            reply = transport.call("write", tracked=["sglang/srt"], files=[[path, "f", None, None, "0" * 40, 1]])
             assert why in reply["unsafe"][path], reply
             assert "ok" not in reply
             checked = transport.call("check", tracked=["sglang/srt"], files=[path])

@@ -213,12 +213,26 @@ def test_list_keeps_modes_and_empty_files(connect, make_site_packages) -> None:
     assert got == live_entries(site)
 
 
-def test_list_skips_fifos_and_sockets_without_blocking(connect, make_site_packages) -> None:
+def test_list_shows_fifos_sockets_and_devices_as_special_without_opening_them(connect, make_site_packages) -> None:
+    """A FIFO (opening it to read would block forever), a socket and a device are listed as
+    what they are ("s", a line that says so), never opened; a read sends that line."""
     site = make_site_packages("n", files={f"{SRT}/a.py": "a"})
-    os.mkfifo(site / SRT / "pipe")  # opening it to read would block forever
+    os.mkfifo(site / SRT / "pipe")
+    os.mknod(site / SRT / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # the tests run as root
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(site / SRT / "sock"))
-        assert set(listed(connect(site))) == {f"{SRT}/a.py".encode()}
+        transport = connect(site)
+        rows = listed(transport)
+    special = {b"pipe": b"fifo", b"sock": b"socket", b"null": b"character device 1,3"}
+    assert set(rows) == {f"{SRT}/{name}".encode() for name in ("a.py", "pipe", "sock", "null")}
+    for name, what in special.items():
+        line = b"snapver: special file: " + what + b"\n"
+        kind, mode, size, oid = rows[f"{SRT}/".encode() + name]
+        assert kind == "s" and not stat.S_ISREG(mode) and size == len(line)
+        assert oid == hashlib.sha1(b"blob %d\0" % len(line) + line).hexdigest()
+    read = {raw(path): (kind, data) for path, kind, data in transport.read_files([f"{SRT}/pipe", f"{SRT}/null"])}
+    assert read == {f"{SRT}/pipe".encode(): ("s", b"snapver: special file: fifo\n"),
+                    f"{SRT}/null".encode(): ("s", b"snapver: special file: character device 1,3\n")}
 
 
 def test_list_excludes(connect, make_site_packages) -> None:
