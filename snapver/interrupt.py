@@ -59,6 +59,11 @@ def check() -> None:
         raise Interrupted()
 
 
+def pause(seconds: float) -> None:
+    """Sleep ``seconds``, or until a signal arrives."""
+    _requested.wait(seconds)
+
+
 def register(connection: Cuttable) -> None:
     """A connection to cut if the command is interrupted while it is busy."""
     with _guard:

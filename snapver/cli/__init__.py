@@ -36,10 +36,6 @@ def _stdout_closed() -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, print errors as one line, exit with their code."""
     command = typer.main.get_command(app)
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        interrupt.install()
     try:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
     except SnapverError as exc:
@@ -73,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"snapver: error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("hint: run again with -v for the traceback, and report it", file=sys.stderr)
         sys.exit(1)
+    if interrupt.requested():  # typer turns a KeyboardInterrupt into a silent exit 130
+        print("snapver: interrupted", file=sys.stderr)
+        sys.exit(interrupt.exit_code())
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -91,6 +90,7 @@ def run() -> None:
     """
     gc.disable()
     _keep_freed_memory()
+    interrupt.install()
     try:
         main()
         code = 0

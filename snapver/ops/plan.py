@@ -197,8 +197,9 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
                abortable: bool = True) -> WriteResult:
     """Write ``steps`` on one node and check the node's re-hash of every file it wrote.
 
-    Raises, with nothing written, when a path is unsafe or (unless ``partial``) does not
-    hold what the plan expects; ``Cancelled`` when interrupted while sending (``abortable``).
+    A path that is unsafe or (unless ``partial``) does not hold what the plan expects
+    refuses the write with nothing written: ``error`` is set and nothing is listed as
+    written. ``Cancelled`` is raised when interrupted while sending (``abortable``).
     ``partial`` (an undo): paths that do not hold what is expected are skipped, reported
     in ``conflicts``.
     """
@@ -207,11 +208,13 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
         return WriteResult()
     reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo], partial=partial)
     if reply.get("unsafe"):
-        raise RemotePathError(f"{spec.name}: refused: {sorted(reply['unsafe'].values())[0]}",
-                              hint="snapver never writes through a symlink or outside the tracked paths")
+        return WriteResult(error=RemotePathError(
+            f"{spec.name}: refused: {sorted(reply['unsafe'].values())[0]}",
+            hint="snapver never writes through a symlink or outside the tracked paths"))
     if reply.get("conflicts"):
-        raise ConflictError(f"{spec.name}: changed since the plan was made: {describe_conflicts(reply['conflicts'])}",
-                            hint="nothing was written there; run the command again to see the new plan")
+        return WriteResult(error=ConflictError(
+            f"{spec.name}: changed since the plan was made: {describe_conflicts(reply['conflicts'])}",
+            hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
     sending = [s for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
     content = dict(store.read_blobs([s.target.oid for s in sending if s.target is not None]))
@@ -221,7 +224,7 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
         data = content[step.target.oid]
         transport.send_stream((data[i:i + CHUNK] for i in range(0, len(data), CHUNK)), abortable=abortable)
         if pause and sent == pause:
-            time.sleep(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
+            interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
     done = transport.call("write_done")
     result = WriteResult(sorted(done.get("written") or {}), sorted(done.get("deleted") or {}),
                          list(done.get("bytecode_removed") or []),
@@ -489,6 +492,7 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
         wrote_of = {p.node: {s.path: s.target if s.action == WRITE else None for s in p.writes} for p in busy}
         stop = threading.Event()
         undone: set[str] = set()
+        answered: set[str] = set()  # nodes whose write reply came: they wrote exactly run.written/deleted
 
         def apply(plan: NodePlan) -> None:
             run = runs[plan.node]
@@ -500,10 +504,11 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
                     plan.transport = open_node(plan.spec)
                 result = write_node(store, plan.transport, plan.spec, plan.steps)
                 run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
+                answered.add(plan.node)
                 if result.error is not None:
                     raise result.error
                 if os.environ.get(PAUSE_WRITTEN_ENV):
-                    time.sleep(float(os.environ[PAUSE_WRITTEN_ENV]))
+                    interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
                 if health:
                     run.health = run_health(plan.transport, plan.spec, health, health_timeout)
                 run.state = "done"
@@ -520,8 +525,11 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
         def undo(plan: NodePlan) -> None:
             run = runs[plan.node]
             undone.add(plan.node)
+            wrote = wrote_of[plan.node]
+            if plan.node in answered:  # else (a connection lost mid-write) any planned path may be written
+                wrote = {path: wrote[path] for path in run.written + run.deleted}
             try:
-                left = undo_node(store, plan, wrote_of[plan.node], store.manifest(str(run.before)))
+                left = undo_node(store, plan, wrote, store.manifest(str(run.before))) if wrote else []
             except SnapverError as exc:
                 run.rollback_error, run.state = exc, "failed"
                 return

@@ -496,6 +496,8 @@ def _walk_folder(tree, fd, reldir, excluded):
     for name, st in entries:
         if name.lower() == ".git":
             continue  # a git tree cannot hold it (git fsck: hasDotgit): never tracked
+        if name.startswith(".snapver-") and name.endswith(".tmp"):
+            continue  # a file another snapver is staging: not part of the tree (yet)
         rel = reldir + "/" + name
         is_dir = stat.S_ISDIR(st.st_mode)
         if excluded(name, rel, is_dir):

@@ -194,7 +194,7 @@ _honest_read_op = OPS["read"]
 _honest_read_stable = read_stable
 
 def _failing_read_stable(full, st):
-    if full.endswith("/l3.py"):
+    if str(full).endswith("/l3.py"):
         raise AgentError("%s: keeps changing while read" % full, "remote")
     return _honest_read_stable(full, st)
 
