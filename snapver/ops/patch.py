@@ -154,8 +154,7 @@ def resolve_base(store: Store, config: Config, ref: str) -> Base:
 
 def check_new_name(store: Store, config: Config, name: str) -> None:
     """A patch name is one ref component, unused, and not a node's name (refs would clash)."""
-    if not refs.valid_ref_name(name) or "/" in name or "@" in name:
-        raise UsageError(f"invalid patch name {name!r}", hint="use letters, digits, '.', '_' or '-'")
+    refs.check_name("patch", name)
     if name in config.nodes or name in store.refs(refs.NODES):
         raise UsageError(f"a patch cannot be named like the node {name!r}")
     if store.ref(refs.patch_ref(name)):
@@ -434,6 +433,8 @@ def _same(entry: Entry | None, kind: str, oid: str, mode: int) -> bool:
 # -- patch new / save: the editable checkout -------------------------------------------
 def checkout_folder(store: Store, name: str) -> Path:
     """Where a patch's editable checkout lives: beside the store, one folder per patch."""
+    if len(name) > refs.MAX_NAME_LENGTH:
+        refs.check_name("patch", name)  # no patch has such a name: say so before the file system does
     return store.path.parent / CHECKOUTS / name
 
 
@@ -499,15 +500,18 @@ def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
 
     For an existing patch without ``base_ref``, check out its current tree instead.
     """
+    # The name first: a folder named after a name no store would keep cannot be looked at.
+    if base_ref is None:
+        patch = load_patch(store, name, with_files=False)
+    else:
+        check_new_name(store, config, name)
     folder = checkout_folder(store, name)
     if folder.exists() and any(folder.iterdir()):
         raise UsageError(f"{folder} already exists", hint=f"edit it and `snapver patch save {name}`, "
                          "or remove the folder to check the patch out again")
     if base_ref is None:
-        patch = load_patch(store, name, with_files=False)
         manifest = store.manifest(patch.commit)
     else:
-        check_new_name(store, config, name)
         targets = check_targets(config, nodes)
         base = resolve_base(store, config, base_ref)
         meta = _patch_meta(base, targets, message, "new", 0)

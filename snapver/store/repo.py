@@ -26,7 +26,7 @@ from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
-from snapver.store.lock import store_lock
+from snapver.store.lock import store_lock, unwritable_store
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
@@ -500,7 +500,10 @@ class Importer:
         self.store = store
         self._lock = threading.Lock()
         self._written: set[str] = set()
-        self._pack = PackWriter(store.path / "objects")
+        try:
+            self._pack = PackWriter(store.path / "objects")
+        except OSError as exc:
+            raise unwritable_store(store.path, exc) from exc
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
@@ -525,7 +528,7 @@ class Importer:
             self._pack.add(oid, data, kind)
         except OSError as exc:
             # A half-written record would corrupt the pack: nothing more goes in.
-            self._broken = StoreError(f"cannot write to the store {self.store.path}: {exc.strerror or exc}")
+            self._broken = unwritable_store(self.store.path, exc)
             raise self._broken from exc
         self._written.add(oid)
 
@@ -553,7 +556,7 @@ class Importer:
                 record_raw_bytes(self.store.path, self._pack.size)
         except OSError as exc:
             self._pack.abort()
-            raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
+            raise unwritable_store(self.store.path, exc) from exc
         except BaseException:
             self._pack.abort()
             raise
