@@ -49,6 +49,27 @@ def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
         os.close(fd)
 
 
+def store_is_locked(store_path: Path) -> bool:
+    """True while a command holds the store's write lock (a probe that takes nothing).
+
+    A shared flock, tried and dropped at once: it fails only against a writer's exclusive
+    lock, so probes never see each other — two threads probing the same store with
+    ``store_lock(wait=0)`` (exclusive, one descriptor each) would each take the other for
+    a writer. Read-only: works on a store that cannot be written.
+    """
+    try:
+        fd = os.open(store_path / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: no command has ever written this store
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock taken, if any
+    return False
+
+
 def unwritable_store(store_path: Path, exc: OSError) -> StoreError:
     """The error for a store that refused a write (read-only, full, not ours): what and why, in words."""
     reason = exc.strerror or str(exc)

@@ -26,7 +26,7 @@ from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
-from snapver.store.lock import store_lock, unwritable_store
+from snapver.store.lock import store_is_locked, store_lock, unwritable_store
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
@@ -265,6 +265,10 @@ class Store:
     def lock(self, wait: float | None = None) -> Any:
         """The store's write lock (a context manager)."""
         return store_lock(self.path, wait)
+
+    def is_locked(self) -> bool:
+        """Whether a command holds the write lock now (a probe any number of threads may run)."""
+        return store_is_locked(self.path)
 
     def close(self) -> None:
         if self._repo is not None:
