@@ -394,7 +394,7 @@ def capture_patch(store: Store, config: Config, name: str, node: str, base_ref: 
                   nodes: Iterable[str] = (), message: str = "") -> Patch | None:
     """Turn a node's live drift from the base into a patch; None when there is none."""
     from snapver.ops.pull import list_live
-    from snapver.transport.base import open_transport
+    from snapver.transport.connect import open_transport
 
     check_new_name(store, config, name)
     spec = config.node(node.removesuffix("@live"))

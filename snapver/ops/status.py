@@ -24,7 +24,8 @@ from snapver.ops.pull import request_live
 from snapver.ops.verify import RecordEntry, hash_like_record, read_record
 from snapver.store import refs
 from snapver.store.repo import Store
-from snapver.transport.base import Transport, open_transport
+from snapver.transport.base import Transport
+from snapver.transport.connect import open_transport
 
 PRISTINE, PATCH, HOTFIX = "pristine", "patch", "hot-fix"
 
