@@ -16,13 +16,12 @@ import blake3
 
 from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest
+from snapver.store.pack import GIT_TEMP_PREFIXES
 from snapver.store.repo import Commit, GitStream, Store, blob_oid, run_git
 
 # Refs whose commits carry a manifest: what each kind of ref is called in a problem.
 _REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"),
               ("refs/heads/pushes/", "push record"), ("refs/tags/", "tag"))
-# A temporary pack that a killed writer left behind (see store/pack.py).
-_TEMP_PACK = "tmp_pack_snapver_"
 
 
 @dataclass
@@ -253,8 +252,11 @@ def _feed(pipe, oids: list[str]) -> None:  # type: ignore[no-untyped-def]
 
 
 def _note_temp_packs(git_dir: Path, result: FsckResult) -> None:
-    leftovers = list((git_dir / "objects" / "pack").glob(_TEMP_PACK + "*"))
+    # Temporary packs a killed writer left (ours, see store/pack.py; git's, of a compaction).
+    pack_dir = git_dir / "objects" / "pack"
+    leftovers = [path for path in pack_dir.iterdir() if path.name.startswith(GIT_TEMP_PREFIXES)] \
+        if pack_dir.is_dir() else []
     if leftovers:
         size = sum(path.stat().st_size for path in leftovers if path.exists())
         result.notes.append(f"{len(leftovers)} unfinished pack file(s) ({size} bytes) left by interrupted "
-                            "writes: never visible, removed by the next write")
+                            "writes: never visible, removed by a later write or compaction")

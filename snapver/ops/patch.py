@@ -28,7 +28,7 @@ from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_saf
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
-from snapver.store.repo import Store, blob_oid, format_message
+from snapver.store.repo import Store, blob_oid, format_message, git_timeout
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_hunks, parse_diff
 
@@ -667,8 +667,11 @@ def _merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str
             with open(path, "wb") as handle:
                 handle.write(data)
             names.append(path)
-        result = subprocess.run(["git", "merge-file", "-p", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-                                 *names], capture_output=True)
+        try:
+            result = subprocess.run(["git", "merge-file", "-p", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                                     *names], capture_output=True, timeout=git_timeout())
+        except subprocess.TimeoutExpired as exc:
+            raise PatchError(f"git merge-file did not finish within {exc.timeout:g} s") from exc
     if result.returncode < 0 or result.returncode > 127:
         raise PatchError(f"git merge-file failed: {result.stderr.decode('utf-8', 'replace').strip()}")
     return result.stdout, result.returncode
