@@ -69,3 +69,7 @@ class StoreError(SnapverError):
 
 class StoreLockedError(StoreError):
     """Another snapver command holds the store lock."""
+
+
+class GitTimeoutError(StoreError):
+    """A git process on the store that did not finish (or answer) in time, and was killed."""

@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperCommand
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, show_path
 
 PATHS_KEY = "snapver.paths"
 
@@ -77,21 +77,17 @@ def _store_if_any(config: Any) -> Any:
 
 
 def _name_status(result: Any) -> None:
-    from snapver.model import quote_path
-
     out = sys.stdout.buffer
     for change in result.changes:
-        out.write(f"{change.status}\t{quote_path(change.path)}\n".encode("utf-8", "surrogateescape"))
+        out.write(f"{change.status}\t{show_path(change.path, markup=False)}\n".encode("utf-8", "surrogateescape"))
     out.flush()
 
 
 def _stat(result: Any) -> None:
-    from snapver.model import quote_path
-
     files = result.files or []
     if not files:
         return
-    names = [quote_path(f.change.path) for f in files]
+    names = [show_path(f.change.path, markup=False) for f in files]
     width = max(len(name) for name in names)
     most = max((f.added + f.removed for f in files), default=0)
     bar_room = max(10, min(50, console().width - width - 12))

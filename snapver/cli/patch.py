@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, show_path
 
 patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
                         context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,7 +20,7 @@ NODES_HELP = "Default target nodes or groups of `snapver push` (repeat, or comma
 
 def _status_line(status: str, path: str) -> str:
     colour = {"A": "green", "D": "red", "M": "yellow", "T": "cyan"}.get(status, "white")
-    return f"  [{colour}]{status}[/{colour}]  {escape(path)}"
+    return f"  [{colour}]{status}[/{colour}]  {show_path(path)}"
 
 
 def _report(patch: "object", how: str, files: "object" = None) -> None:
@@ -214,7 +214,7 @@ def rebase(
     for item in result.files:
         colour = {"conflict": "red", "dropped": "cyan"}.get(item.outcome, "green")
         detail = f": {escape(item.detail)}" if item.detail else ""
-        out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {escape(item.path)}{detail}")
+        out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {show_path(item.path)}{detail}")
     if result.rebased:
         out.print(f"patch {escape(name)}: rebased onto {result.onto[:10]} as {result.patch.commit[:10]}")
         return 0

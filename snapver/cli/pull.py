@@ -22,13 +22,12 @@ def pull(
     """Snapshot live nodes; only changed content crosses the wire."""
     from snapver.errors import RefError, UsageError
     from snapver.ops.pull import NodePull, pull as pull_nodes
-    from snapver.store.refs import tag_ref, valid_ref_name
+    from snapver.store.refs import check_name, tag_ref
 
     config = STATE.config()
     specs = config.select(targets or [], all_nodes)
     if tag is not None:
-        if not valid_ref_name(tag):
-            raise UsageError(f"invalid tag name {tag!r}")
+        check_name("tag", tag)
         if len(specs) != 1:
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")

@@ -186,6 +186,19 @@ def escape(text: str) -> str:
     return markup
 
 
+def show_path(path: str, markup: bool = True) -> str:
+    """A file name (or other one-line text from the store, a message) as every command prints
+    it: C-quoted in double quotes, as git quotes it, when it holds a control character
+    (newline, ESC…), a quote, a backslash or bytes that are not UTF-8 — so a name can
+    neither break a line nor drive the terminal; as it is otherwise. Markup-escaped for a
+    console, unless ``markup`` is False (bytes written raw).
+    """
+    from snapver.model import quote_path
+
+    quoted = quote_path(path)
+    return escape(quoted) if markup else quoted
+
+
 def print_error(error: Any) -> None:
     """A SnapverError met by one node of many, as `main` prints a fatal one: the line, then its hint."""
     err = console(stderr=True)

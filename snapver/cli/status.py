@@ -7,7 +7,7 @@ from typing import Any, List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error, print_table
+from snapver.cli.render import console, emit_json, escape, print_error, print_table, show_path
 
 
 @app.command()
@@ -58,7 +58,7 @@ def render_status(result: Any) -> None:
         for item in row.drift:
             label = {"pristine": "[green]pristine[/green]", "hot-fix": "[red]hot-fix[/red]"}.get(
                 item.label, f"[yellow]patch {escape(', '.join(item.patches))}[/yellow]")
-            out.print(f"  {item.status}  {escape(item.path)}  {label}")
+            out.print(f"  {item.status}  {show_path(item.path)}  {label}")
         if row.record_missing:
             out.print(f"  (pristine not checked: {escape(row.record_missing)})")
 

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, human_bytes, print_table
+from snapver.cli.render import console, emit_json, escape, human_bytes, print_table, show_path
 
 
 @app.command()
@@ -78,7 +78,7 @@ def log(
         out.print("no snapshots yet" + (f" of {escape(node)}" if node else "") + " (run `snapver pull`)")
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
-        note = f"  {escape(s.message)}" if s.message else ""
+        note = f"  {show_path(s.message)}" if s.message else ""
         out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} "
                   f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
     return 0
@@ -119,7 +119,7 @@ def show(
     if info.tags:
         out.print(f"tags:          {escape(', '.join(info.tags))}")
     if info.message:
-        out.print(f"message:       {escape(info.message)}")
+        out.print(f"message:       {show_path(info.message)}")
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error
+from snapver.cli.render import console, emit_json, escape, print_error, show_path
 
 
 @app.command()
@@ -18,7 +18,6 @@ def verify(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Live files against the installed distribution's RECORD: what changed since `pip install`."""
-    from snapver.model import quote_path
     from snapver.ops.verify import verify as run_verify
 
     config = STATE.config()
@@ -35,7 +34,7 @@ def verify(
             continue
         for label, paths in (("M", result.modified), ("D", result.missing), ("A", result.extra)):
             for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)
-                sys.stdout.buffer.write(f"{label}\t{quote_path(path)}\n".encode("utf-8", "surrogateescape"))
+                sys.stdout.buffer.write(f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape"))
         sys.stdout.flush()
         against = escape(", ".join(result.dists))
         if result.unverifiable:

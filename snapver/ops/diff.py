@@ -26,7 +26,8 @@ from snapver.ops.pull import list_live
 from snapver.refs import Resolver, TreeRef
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
-from snapver.transport.base import Listing, Transport, open_transport
+from snapver.transport.base import Listing, Transport
+from snapver.transport.connect import open_transport
 
 NULL_OID = "0" * 40
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary

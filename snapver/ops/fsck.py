@@ -7,7 +7,6 @@ corrupt object ends one, so one bad object never hides the rest (nor crashes the
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +14,14 @@ from typing import Iterator
 
 import blake3
 
-from snapver.errors import StoreError
+from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest
-from snapver.store.repo import Commit, Store, blob_oid
+from snapver.store.pack import GIT_TEMP_PREFIXES
+from snapver.store.repo import Commit, GitStream, Store, blob_oid, run_git
 
 # Refs whose commits carry a manifest: what each kind of ref is called in a problem.
 _REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"),
               ("refs/heads/pushes/", "push record"), ("refs/tags/", "tag"))
-# A temporary pack that a killed writer left behind (see store/pack.py).
-_TEMP_PACK = "tmp_pack_snapver_"
 
 
 @dataclass
@@ -39,7 +37,11 @@ class FsckResult:
 
 
 def fsck(store: Store) -> FsckResult:
-    """Check every object, ref and manifest of the store; report each problem found."""
+    """Check every object, ref and manifest of the store; report each problem found.
+
+    Every git process it starts is bounded in time (``SNAPVER_GIT_TIMEOUT``): one that
+    hangs on the damage it meets ends the check with a GitTimeoutError (exit 4).
+    """
     result = FsckResult()
     _git_fsck(store, result)
     tips = _check_refs(store, result)
@@ -81,9 +83,9 @@ def _label(commit: Commit) -> str:
 
 
 def _git_fsck(store: Store, result: FsckResult) -> None:
-    check = subprocess.run(["git", "--git-dir", str(store.path), "fsck", "--full", "--no-dangling",
-                            "--no-progress"], capture_output=True, text=True, errors="replace")
-    for line in (check.stdout + check.stderr).splitlines():
+    check = run_git(store.path, "fsck", "--full", "--no-dangling", "--no-progress")
+    output = (check.stdout + check.stderr).decode("utf-8", "replace")
+    for line in output.splitlines():
         if line.strip() and not line.startswith(("Checking", "notice:")):
             result.problems.append(f"git fsck: {line.strip()}")
     if check.returncode != 0 and not result.problems:
@@ -123,6 +125,8 @@ def _batch_check(store: Store, format: str, names: list[str]) -> dict[str, str |
         return {}
     try:
         out = store.git("cat-file", f"--batch-check={format}", input="".join(f"{n}\n" for n in names).encode())
+    except GitTimeoutError:
+        raise  # a hang is not a corrupt object: asking again, name by name, would hang as often
     except StoreError:
         if len(names) == 1:
             return {names[0]: UNREADABLE}
@@ -135,12 +139,16 @@ def _commits(store: Store, tips: list[str], result: FsckResult) -> list[Commit]:
     """Every commit reachable from ``tips``; a broken history is a problem, the rest still checked."""
     try:
         return store.commits(tips) if tips else []
+    except GitTimeoutError:
+        raise
     except StoreError:
         pass
     found: dict[str, Commit] = {}
     for tip in tips:
         try:
             commits = store.commits([tip])
+        except GitTimeoutError:
+            raise
         except StoreError as exc:
             result.problems.append(f"ref {tip}: its history cannot be read: {exc.message}")
             try:
@@ -155,6 +163,8 @@ def _commits(store: Store, tips: list[str], result: FsckResult) -> list[Commit]:
 def _check_tree(store: Store, commit: Commit, manifest: Manifest, label: str, result: FsckResult) -> None:
     try:
         tree = store.ls_tree(commit.id)
+    except GitTimeoutError:
+        raise
     except StoreError as exc:
         result.problems.append(f"{label}: its tree cannot be read: {exc.message}")
         return
@@ -199,38 +209,35 @@ def _check_content(store: Store, manifests: list[tuple[Commit, Manifest]], resul
 def _read_objects(git_dir: Path, oids: list[str]) -> Iterator[tuple[str, bytes | str]]:
     """``(oid, content)`` for each object, or ``(oid, why not)``: "missing", or "corrupt (…)"
     when git could not read it. A ``cat-file`` that dies on a corrupt object is restarted
-    after it, so every object gets an answer."""
+    after it, so every object gets an answer; one that stops answering (GitStream's
+    timeout) ends the check with a GitTimeoutError."""
     pending = list(oids)
     while pending:
-        process = subprocess.Popen(["git", "--git-dir", str(git_dir), "cat-file", "--batch"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert process.stdin and process.stdout and process.stderr
-        feeder = threading.Thread(target=_feed, args=(process.stdin, pending), daemon=True)
+        stream = GitStream(git_dir, "cat-file", "--batch")
+        feeder = threading.Thread(target=_feed, args=(stream.stdin, pending), daemon=True)
         feeder.start()
         done = 0
         try:
             for oid in pending:
-                header = process.stdout.readline().split()
+                stream.waiting()
+                header = stream.stdout.readline().split()
                 if len(header) == 2 and header[1] == b"missing":
                     yield oid, "missing"
                 elif len(header) == 3:
-                    data = process.stdout.read(int(header[2]))
-                    if len(data) != int(header[2]) or process.stdout.read(1) != b"\n":
+                    data = stream.stdout.read(int(header[2]))
+                    if len(data) != int(header[2]) or stream.stdout.read(1) != b"\n":
                         break
                     yield oid, data
                 else:
                     break
+                stream.answered()
                 done += 1
         finally:
-            process.stdout.close()
-            process.kill()
-            stderr = process.stderr.read().decode("utf-8", "replace").strip().splitlines()
-            process.stderr.close()
-            process.wait()
+            stream.close()
             feeder.join()
+        stream.check_time()
         if done < len(pending):
-            detail = stderr[-1] if stderr else "git cat-file could not read it"
-            yield pending[done], f"corrupt ({detail})"
+            yield pending[done], f"corrupt ({stream.error('git cat-file could not read it')})"
             done += 1
         pending = pending[done:]
 
@@ -245,8 +252,11 @@ def _feed(pipe, oids: list[str]) -> None:  # type: ignore[no-untyped-def]
 
 
 def _note_temp_packs(git_dir: Path, result: FsckResult) -> None:
-    leftovers = list((git_dir / "objects" / "pack").glob(_TEMP_PACK + "*"))
+    # Temporary packs a killed writer left (ours, see store/pack.py; git's, of a compaction).
+    pack_dir = git_dir / "objects" / "pack"
+    leftovers = [path for path in pack_dir.iterdir() if path.name.startswith(GIT_TEMP_PREFIXES)] \
+        if pack_dir.is_dir() else []
     if leftovers:
         size = sum(path.stat().st_size for path in leftovers if path.exists())
         result.notes.append(f"{len(leftovers)} unfinished pack file(s) ({size} bytes) left by interrupted "
-                            "writes: never visible, removed by the next write")
+                            "writes: never visible, removed by a later write or compaction")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import SnapverError
-from snapver.transport.base import open_transport
+from snapver.transport.connect import open_transport
 
 
 @dataclass(frozen=True)

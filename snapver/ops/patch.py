@@ -28,7 +28,7 @@ from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_saf
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
-from snapver.store.repo import Store, blob_oid, format_message
+from snapver.store.repo import Store, blob_oid, format_message, git_timeout
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_hunks, parse_diff
 
@@ -154,8 +154,7 @@ def resolve_base(store: Store, config: Config, ref: str) -> Base:
 
 def check_new_name(store: Store, config: Config, name: str) -> None:
     """A patch name is one ref component, unused, and not a node's name (refs would clash)."""
-    if not refs.valid_ref_name(name) or "/" in name or "@" in name:
-        raise UsageError(f"invalid patch name {name!r}", hint="use letters, digits, '.', '_' or '-'")
+    refs.check_name("patch", name)
     if name in config.nodes or name in store.refs(refs.NODES):
         raise UsageError(f"a patch cannot be named like the node {name!r}")
     if store.ref(refs.patch_ref(name)):
@@ -395,7 +394,7 @@ def capture_patch(store: Store, config: Config, name: str, node: str, base_ref: 
                   nodes: Iterable[str] = (), message: str = "") -> Patch | None:
     """Turn a node's live drift from the base into a patch; None when there is none."""
     from snapver.ops.pull import list_live
-    from snapver.transport.base import open_transport
+    from snapver.transport.connect import open_transport
 
     check_new_name(store, config, name)
     spec = config.node(node.removesuffix("@live"))
@@ -434,6 +433,8 @@ def _same(entry: Entry | None, kind: str, oid: str, mode: int) -> bool:
 # -- patch new / save: the editable checkout -------------------------------------------
 def checkout_folder(store: Store, name: str) -> Path:
     """Where a patch's editable checkout lives: beside the store, one folder per patch."""
+    if len(name) > refs.MAX_NAME_LENGTH:
+        refs.check_name("patch", name)  # no patch has such a name: say so before the file system does
     return store.path.parent / CHECKOUTS / name
 
 
@@ -499,15 +500,18 @@ def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
 
     For an existing patch without ``base_ref``, check out its current tree instead.
     """
+    # The name first: a folder named after a name no store would keep cannot be looked at.
+    if base_ref is None:
+        patch = load_patch(store, name, with_files=False)
+    else:
+        check_new_name(store, config, name)
     folder = checkout_folder(store, name)
     if folder.exists() and any(folder.iterdir()):
         raise UsageError(f"{folder} already exists", hint=f"edit it and `snapver patch save {name}`, "
                          "or remove the folder to check the patch out again")
     if base_ref is None:
-        patch = load_patch(store, name, with_files=False)
         manifest = store.manifest(patch.commit)
     else:
-        check_new_name(store, config, name)
         targets = check_targets(config, nodes)
         base = resolve_base(store, config, base_ref)
         meta = _patch_meta(base, targets, message, "new", 0)
@@ -663,8 +667,11 @@ def _merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str
             with open(path, "wb") as handle:
                 handle.write(data)
             names.append(path)
-        result = subprocess.run(["git", "merge-file", "-p", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-                                 *names], capture_output=True)
+        try:
+            result = subprocess.run(["git", "merge-file", "-p", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                                     *names], capture_output=True, timeout=git_timeout())
+        except subprocess.TimeoutExpired as exc:
+            raise PatchError(f"git merge-file did not finish within {exc.timeout:g} s") from exc
     if result.returncode < 0 or result.returncode > 127:
         raise PatchError(f"git merge-file failed: {result.stderr.decode('utf-8', 'replace').strip()}")
     return result.stdout, result.returncode

@@ -36,7 +36,8 @@ from snapver.errors import (Cancelled, ConflictError, RemotePathError, SnapverEr
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import Commit, Store, format_message
-from snapver.transport.base import Transport, open_transport
+from snapver.transport.base import Transport
+from snapver.transport.connect import open_transport
 
 WRITE, DELETE, SKIP, CONFLICT = "write", "delete", "skip", "conflict"
 CHUNK = 1 << 20

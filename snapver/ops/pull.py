@@ -27,7 +27,8 @@ from snapver.model import Entry, Manifest, StatEntry
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
-from snapver.transport.base import Listing, Transport, open_transport
+from snapver.transport.base import Listing, Transport
+from snapver.transport.connect import open_transport
 
 # Round trips slower than this suggest a far, slower link: compress the stream there.
 # (Python zlib runs at ~30 MB/s on small cores, so on fast links it costs more than it saves.)

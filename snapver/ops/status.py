@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +24,8 @@ from snapver.ops.pull import request_live
 from snapver.ops.verify import RecordEntry, hash_like_record, read_record
 from snapver.store import refs
 from snapver.store.repo import Store
-from snapver.transport.base import Transport, open_transport
+from snapver.transport.base import Transport
+from snapver.transport.connect import open_transport
 
 PRISTINE, PATCH, HOTFIX = "pristine", "patch", "hot-fix"
 
@@ -220,8 +221,17 @@ def known_patches(store: Store) -> list[KnownPatch]:
 
 
 def last_push(store: Store, node: str) -> dict[str, Any] | None:
-    """The node's newest push record (patch, action, state, ``interrupted``), or None."""
-    from snapver.ops.push import push_state
+    """The node's newest push record (patch, action, state, ``interrupted``), or None.
 
-    state = push_state(store, node)
-    return state.to_json() if state is not None else None
+    "started" is running while a command holds the store lock, else interrupted. The lock
+    is probed with ``Store.is_locked`` (shared, never mistaken for a writer by the other
+    nodes' threads probing at the same moment), not by taking it.
+    """
+    from snapver.ops.plan import newest_record
+
+    state = newest_record(store, node, check_lock=False)
+    if state is None:
+        return None
+    if state.state == "started" and store.is_locked():
+        state = replace(state, running=True)
+    return state.to_json()

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from snapver.config import Config
-from snapver.errors import RefError, UsageError
+from snapver.errors import RefError
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
@@ -37,10 +37,8 @@ def _info(name: str, commit: Commit, replaced: str | None = None, note: str = ""
 
 
 def check_tag_name(name: str) -> None:
-    """A tag name git accepts that the ref grammar can read back (no '@', no leading '-')."""
-    if not refs.valid_ref_name(name) or "@" in name or name.startswith(("tags/", "patches/", "refs/")):
-        raise UsageError(f"invalid tag name {name!r}",
-                         hint="letters, digits, '.', '_', '-' and '/'; no spaces, '@', '~', ':' or '..'")
+    """A tag name git accepts that the ref grammar can read back (``store.refs.check_name``)."""
+    refs.check_name("tag", name)
 
 
 def create_tag(store: Store, config: Config, name: str, ref: str | None = None, force: bool = False) -> TagInfo:

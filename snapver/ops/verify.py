@@ -20,7 +20,8 @@ from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, SnapverError
 from snapver.model import DistInfo, is_safe_relpath
 from snapver.transport import agent
-from snapver.transport.base import Transport, open_transport
+from snapver.transport.base import Transport
+from snapver.transport.connect import open_transport
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
+
 RAW_BYTES_BEFORE_COMPACT = 32 << 20
+# A repack recompresses the whole store: bounded, but far above one git command's limit.
+REPACK_TIMEOUT = 3600.0
 STATE = "snapver/compact.json"
 LOCK = "snapver/compact.lock"
 
@@ -65,16 +69,33 @@ def compact(store_path: Path) -> int:
             raw_before = int(json.loads((store_path / STATE).read_text()).get("raw_bytes", 0))
         except (OSError, ValueError):
             raw_before = 0
+        pack_dir = store_path / "objects" / "pack"
+        remove_dead_writers_packs(pack_dir)  # what an earlier, killed compaction left
+        before = _git_temps(pack_dir)
         # Low priority: a compaction must never slow the pulls it makes room for.
         os.nice(10)
-        done = subprocess.run(["git", "--git-dir", str(store_path), "-c", "pack.compression=1",
-                               "repack", "-a", "-d", "-k", "-F", "-q"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if done.returncode == 0:
+        try:
+            done = subprocess.run(["git", "--git-dir", str(store_path), "-c", "pack.compression=1",
+                                   "repack", "-a", "-d", "-k", "-F", "-q"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=REPACK_TIMEOUT)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = -1  # run() killed it
+        if code == 0:
             record_raw_bytes(store_path, -raw_before)
-        return done.returncode
+        else:
+            # A failed repack (a full disk) leaves its half-written pack: as big as the store.
+            remove_dead_writers_packs(pack_dir, settled=0, only=_git_temps(pack_dir) - before)
+        return code
     finally:
         os.close(fd)
+
+
+def _git_temps(pack_dir: Path) -> set[str]:
+    try:
+        return {name for name in os.listdir(pack_dir) if name.startswith(GIT_TEMP_PREFIXES)}
+    except OSError:
+        return set()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from snapver.errors import StoreLockedError
+from snapver.errors import StoreError, StoreLockedError
 
 LOCK_NAME = "snapver.lock"
 DEFAULT_WAIT = 5.0
@@ -25,7 +26,10 @@ def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
     if wait is None:
         wait = float(os.environ.get("SNAPVER_LOCK_WAIT", DEFAULT_WAIT))
     path = store_path / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise unwritable_store(store_path, exc) from exc
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -43,3 +47,38 @@ def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def store_is_locked(store_path: Path) -> bool:
+    """True while a command holds the store's write lock (a probe that takes nothing).
+
+    A shared flock, tried and dropped at once: it fails only against a writer's exclusive
+    lock, so probes never see each other — two threads probing the same store with
+    ``store_lock(wait=0)`` (exclusive, one descriptor each) would each take the other for
+    a writer. Read-only: works on a store that cannot be written.
+    """
+    try:
+        fd = os.open(store_path / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: no command has ever written this store
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock taken, if any
+    return False
+
+
+def unwritable_store(store_path: Path, exc: OSError) -> StoreError:
+    """The error for a store that refused a write (read-only, full, not ours): what and why, in words."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EROFS:
+        hint = "the store is on a read-only file system: remount it read-write, or point [store] path elsewhere"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free space on the store's disk, then run the command again"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = f"make {store_path} writable for this user (check its permissions and `lsattr` flags)"
+    else:
+        hint = "nothing was recorded; fix the store's folder and run the command again"
+    return StoreError(f"cannot write to the store {store_path}: {reason}", hint=hint)

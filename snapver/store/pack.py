@@ -19,6 +19,7 @@ import hashlib
 import mmap
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -39,19 +40,78 @@ def object_id(kind: int, data: bytes | bytearray | memoryview) -> bytes:
     return digest.digest()
 
 
-def remove_dead_writers_packs(pack_dir: Path) -> None:
-    """Delete the temporary packs of writers that died (SIGKILL, power loss) before finishing.
+# git's own temporaries in objects/pack (pack-objects under `git repack`, index-pack under
+# `git fetch`): a repack that hits a full disk leaves its half-written `tmp_pack_XXXXXX`.
+GIT_TEMP_PREFIXES = ("tmp_pack_", "tmp_idx_")
+# A git temporary untouched this long, and open in no process, has no writer left (git
+# closes a pack before writing its index, so "not open" alone could be a live writer).
+GIT_TEMP_SETTLED = 60.0
 
-    Their names carry the writer's pid; a pack of a live process is left alone.
+
+def remove_dead_writers_packs(pack_dir: Path, settled: float = GIT_TEMP_SETTLED,
+                              only: set[str] | None = None) -> list[str]:
+    """Delete the temporary packs of writers that died (SIGKILL, power loss, a full disk).
+
+    Ours carry the writer's pid: a pack of a live process is left alone. git's (a failed
+    compaction's ``tmp_pack_*``) are removed when no process has them open and they were
+    not modified for ``settled`` seconds; ``only`` limits that to the names given. Returns
+    the names removed.
     """
-    for path in pack_dir.glob(TEMP_PREFIX + "*"):
-        try:
-            pid = int(path.name[len(TEMP_PREFIX):].split("_")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-        except (ValueError, PermissionError, OSError):
+    removed = []
+    git_temps = []
+    for path in pack_dir.iterdir() if pack_dir.is_dir() else ():
+        name = path.name
+        if name.startswith(TEMP_PREFIX):
+            try:
+                pid = int(name[len(TEMP_PREFIX):].split("_")[0])
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                path.unlink(missing_ok=True)
+                removed.append(name)
+            except (ValueError, PermissionError, OSError):
+                continue
+        elif name.startswith(GIT_TEMP_PREFIXES) and (only is None or name in only):
+            git_temps.append(path)
+    if git_temps:
+        in_use = _files_open_in(pack_dir)
+        real_dir = pack_dir.resolve()
+        if in_use is None:
+            return removed  # no /proc: which writer lives cannot be told, so none is removed
+        now = time.time()
+        for path in git_temps:
+            try:
+                if str(real_dir / path.name) in in_use or now - path.stat().st_mtime < settled:
+                    continue
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(path.name)
+    return removed
+
+
+def _files_open_in(folder: Path) -> set[str] | None:
+    """Paths under ``folder`` that some process has open (read from /proc), or None without /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    prefix = str(folder.resolve()) + "/"
+    found = set()
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
             continue
+        fd_dir = f"/proc/{entry.name}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or not ours to read
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                found.add(target)
+    return found
 
 
 def current_umask() -> int:

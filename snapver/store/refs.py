@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from snapver.errors import UsageError
+
 NODES = "refs/heads/nodes/"
 PATCHES = "refs/heads/patches/"
 PUSHES = "refs/heads/pushes/"
@@ -31,3 +35,35 @@ def valid_ref_name(name: str) -> bool:
     bad = (" ", "~", "^", ":", "?", "*", "[", "\\", "..", "@{", "//")
     return (bool(name) and not name.startswith(("-", ".", "/")) and not name.endswith((".lock", "/", "."))
             and not any(token in name for token in bad) and all(32 < ord(ch) < 127 for ch in name))
+
+
+# Longest tag or patch name: a ref is a file (and its `.lock` sibling), so the name must fit
+# one path component (255 bytes) with room to spare; nobody types more.
+MAX_NAME_LENGTH = 100
+# What the ref grammar reads as a snapshot id (a hex prefix, >= 4 digits, as git).
+_HEX_ID = re.compile(r"[0-9a-fA-F]{4,}")
+_NAME_HINTS = {
+    "tag": "letters, digits, '.', '_', '-' and '/'; no spaces, '@', '~', ':' or '..'",
+    "patch": "use letters, digits, '.', '_' or '-'",
+}
+
+
+def check_name(kind: str, name: str) -> None:
+    """Refuse a new ``kind`` ("tag" or "patch") name the store cannot keep or refs cannot read back.
+
+    The one check of names that users give: a valid ref component (no '@'; a patch also
+    no '/'), at most MAX_NAME_LENGTH characters, and not all hex digits — a tag or patch
+    ``1a2b3c4d`` would shadow the snapshot id it spells (names are looked up first).
+    UsageError (exit 2) with one line otherwise.
+    """
+    shown = name if len(name) <= 40 else f"{name[:32]}…"
+    if len(name) > MAX_NAME_LENGTH:
+        raise UsageError(f"{kind} name {shown!r} is too long ({len(name)} characters)",
+                         hint=f"at most {MAX_NAME_LENGTH} characters")
+    if _HEX_ID.fullmatch(name):
+        raise UsageError(f"invalid {kind} name {name!r}: it looks like a snapshot id (hex digits only)",
+                         hint=f"a {kind} name must not read as a commit id; add a letter beyond a-f, or a '-'")
+    slash_ok = kind == "tag"
+    if (not valid_ref_name(name) or "@" in name or (not slash_ok and "/" in name)
+            or name.startswith(("tags/", "patches/", "refs/"))):
+        raise UsageError(f"invalid {kind} name {shown!r}", hint=_NAME_HINTS.get(kind))

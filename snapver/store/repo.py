@@ -14,21 +14,156 @@ import json
 import os
 import subprocess
 import threading
+import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from snapver.errors import StoreError
+from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
-from snapver.store.lock import store_lock
+from snapver.store.lock import store_is_locked, store_lock, unwritable_store
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
 IDENTITY = "snapver <snapver@localhost>"
+# The longest a git child may take to finish (or, when it streams objects, to answer the
+# next one) before it is killed: a damaged store (a loose object turned into a FIFO, a
+# pack on a dead mount) must end a command, not hang it. SNAPVER_GIT_TIMEOUT overrides.
+DEFAULT_GIT_TIMEOUT = 300.0
+GIT_HANG_HINT = ("a file in the store that git cannot read to its end (damage: see `snapver fsck`), or a stalled "
+                 "disk; SNAPVER_GIT_TIMEOUT sets the limit")
+
+
+def git_timeout() -> float:
+    """Seconds a git child process is given (``SNAPVER_GIT_TIMEOUT``, default 300)."""
+    try:
+        seconds = float(os.environ.get("SNAPVER_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_GIT_TIMEOUT
+    return seconds if seconds > 0 else DEFAULT_GIT_TIMEOUT
+
+
+def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002 - as subprocess.run
+            timeout: float | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run one git command in ``git_dir`` to its end: output captured (stderr too, so it never
+    blocks on a full pipe), killed after ``timeout`` (default ``git_timeout()``).
+
+    GitTimeoutError when it ran out of time, StoreError when git cannot be started; a git
+    that fails is returned as it is (its return code and stderr are the caller's to judge).
+    """
+    limit = git_timeout() if timeout is None else timeout
+    try:
+        return subprocess.run(["git", "--git-dir", str(git_dir), *args], input=input,
+                              capture_output=True, check=False, timeout=limit)
+    except subprocess.TimeoutExpired as exc:
+        raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
+                              hint=GIT_HANG_HINT) from exc
+    except OSError as exc:
+        raise StoreError(f"cannot run git: {exc}") from exc
+
+
+def last_line(stderr: bytes | str, fallback: str) -> str:
+    """The last non-empty line git wrote on stderr (its error), or ``fallback``."""
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else fallback
+
+
+class GitStream:
+    """A long-lived git process read as a stream (``cat-file --batch``), kept from hanging.
+
+    Its stderr is read by a thread as it comes (git writes an error per damaged object: an
+    unread pipe fills at 64 KiB and blocks git, and with it our read of its stdout), and a
+    watchdog kills it when a request has waited ``timeout`` seconds for its answer. Call
+    ``waiting()`` before reading an answer and ``answered()`` after it.
+    """
+
+    def __init__(self, git_dir: Path, *args: str, timeout: float | None = None) -> None:
+        self.command = f"git {args[0]}"
+        self.timeout = git_timeout() if timeout is None else timeout
+        self.timed_out = False
+        try:
+            self.process = subprocess.Popen(["git", "--git-dir", str(git_dir), *args], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise StoreError(f"cannot run git: {exc}") from exc
+        self._stderr: deque[bytes] = deque(maxlen=8)  # the last lines are the ones that explain
+        self._waiting_since: float | None = None
+        self._ended = threading.Event()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    @property
+    def stdin(self) -> Any:
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> Any:
+        return self.process.stdout
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def waiting(self) -> None:
+        """A request was sent: its answer is due within the timeout."""
+        self._waiting_since = time.monotonic()
+
+    def answered(self) -> None:
+        """The answer came: nothing is due (an idle process is never killed)."""
+        self._waiting_since = None
+
+    def error(self, fallback: str) -> str:
+        """Why git stopped: the timeout, else the last line of its stderr, else ``fallback``."""
+        if self.timed_out:
+            return f"{self.command} did not answer within {self.timeout:g} s"
+        return last_line(b"\n".join(self._stderr), fallback)
+
+    def check_time(self) -> None:
+        """GitTimeoutError if the watchdog killed the process (a stalled read is not a corrupt object)."""
+        if self.timed_out:
+            raise GitTimeoutError(f"{self.error('')} in the store",
+                                  hint=GIT_HANG_HINT)
+
+    def close(self) -> None:
+        """Kill the process and reap it (and the threads that served it)."""
+        self._ended.set()
+        # Killed first: a feeder thread blocked writing its stdin holds that pipe's lock.
+        self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass  # stdin of a dead git: its buffered bytes have nowhere to go
+        self._drainer.join(timeout=5)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        try:
+            for line in self.process.stderr:
+                self._stderr.append(line.rstrip())
+        except (OSError, ValueError):
+            pass
+
+    def _watch(self) -> None:
+        interval = min(0.5, self.timeout / 4)
+        while not self._ended.wait(interval):
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self.timeout:
+                self.timed_out = True
+                self.process.kill()  # our blocked read then sees end of file
+                return
+            if self.process.poll() is not None:
+                return
 
 
 
@@ -60,7 +195,7 @@ class Store:
         if not ((path / "HEAD").is_file() and (path / "objects").is_dir()):
             raise StoreError(f"no snapver store at {path}", hint="run `snapver init` or `snapver pull`")
         self._repo: Any = None
-        self._cat: subprocess.Popen[bytes] | None = None
+        self._cat: GitStream | None = None
         self._cat_lock = threading.Lock()
         # Parsed manifests by their text: the nodes of a fleet usually share one, and a
         # manifest is never changed in place (edits build a new one).
@@ -131,25 +266,23 @@ class Store:
         """The store's write lock (a context manager)."""
         return store_lock(self.path, wait)
 
+    def is_locked(self) -> bool:
+        """Whether a command holds the write lock now (a probe any number of threads may run)."""
+        return store_is_locked(self.path)
+
     def close(self) -> None:
         if self._repo is not None:
             self._repo.close()
         if self._cat is not None:
-            self._cat.kill()
-            self._cat.wait()
+            self._cat.close()
             self._cat = None
 
     # -- objects ------------------------------------------------------------------
-    def git(self, *args: str, input: bytes | None = None) -> bytes:
-        """Run one git plumbing command in the store; a failure is a StoreError."""
-        try:
-            result = subprocess.run(["git", "--git-dir", str(self.path), *args], input=input,
-                                    capture_output=True, check=False)
-        except OSError as exc:
-            raise StoreError(f"cannot run git: {exc}") from exc
+    def git(self, *args: str, input: bytes | None = None) -> bytes:  # noqa: A002
+        """Run one git plumbing command in the store; a failure (or a timeout) is a StoreError."""
+        result = run_git(self.path, *args, input=input)
         if result.returncode != 0:
-            message = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise StoreError(f"git {args[0]} failed: {message[-1] if message else result.returncode}")
+            raise StoreError(f"git {args[0]} failed: {last_line(result.stderr, str(result.returncode))}")
         return result.stdout
 
     def note_present(self, oids: Iterable[str]) -> None:
@@ -182,13 +315,13 @@ class Store:
         """
         with self._cat_lock:
             try:
-                if self._cat is None or self._cat.poll() is not None:
-                    self._cat = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "--batch"],
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.DEVNULL)
-                assert self._cat.stdin and self._cat.stdout
+                if self._cat is None or not self._cat.alive():
+                    if self._cat is not None:
+                        self._cat.close()
+                    self._cat = GitStream(self.path, "cat-file", "--batch")
                 self._cat.stdin.write(oid.encode("utf-8", "surrogateescape") + b"\n")
                 self._cat.stdin.flush()
+                self._cat.waiting()
                 header = self._cat.stdout.readline().split()
                 if len(header) != 3:
                     raise ValueError(b" ".join(header).decode("utf-8", "replace") or "no answer")
@@ -196,11 +329,15 @@ class Store:
                 data = self._cat.stdout.read(size)
                 if len(data) != size or self._cat.stdout.read(1) != b"\n":
                     raise ValueError(f"read {len(data)} of {size} bytes")  # git died on a corrupt object
+                self._cat.answered()
             except (ValueError, OSError) as exc:
-                if self._cat is not None and not (isinstance(exc, ValueError) and "missing" in str(exc)):
-                    self._cat.kill()  # out of step (or dead): start afresh next time
-                    self._cat.wait()
+                cat = self._cat
+                if cat is not None and not (isinstance(exc, ValueError) and "missing" in str(exc)):
+                    cat.close()  # out of step (or dead): start afresh next time
                     self._cat = None
+                    cat.check_time()
+                elif cat is not None:
+                    cat.answered()
                 raise StoreError(f"object {oid} is missing from the store, or corrupt",
                                  hint="run `snapver fsck`") from exc
         return data
@@ -210,33 +347,32 @@ class Store:
         wanted = list(dict.fromkeys(oids))
         if not wanted:
             return
-        process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "--batch"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        assert process.stdin and process.stdout
-        writer = threading.Thread(target=_feed, args=(process.stdin, wanted), daemon=True)
+        stream = GitStream(self.path, "cat-file", "--batch")
+        writer = threading.Thread(target=_feed, args=(stream.stdin, wanted), daemon=True)
         writer.start()
         try:
             for oid in wanted:
-                header = process.stdout.readline().decode()
+                stream.waiting()
+                header = stream.stdout.readline().decode()
                 parts = header.split()
                 if len(parts) != 3:
+                    stream.check_time()
                     raise StoreError(f"object {oid} is missing from the store")
                 size = int(parts[2])
-                data = process.stdout.read(size)
-                if len(data) != size or process.stdout.read(1) != b"\n":
+                data = stream.stdout.read(size)
+                if len(data) != size or stream.stdout.read(1) != b"\n":
+                    stream.check_time()
                     raise StoreError(f"object {oid} in the store is corrupt", hint="run `snapver fsck`")
+                stream.answered()
                 yield oid, data
         finally:
-            process.stdout.close()
-            process.kill()
-            process.wait()
+            stream.close()
             writer.join()
 
     # -- refs and commits -------------------------------------------------------------
     def ref(self, name: str) -> str | None:
         """The commit a full ref name points to, or None."""
-        out = subprocess.run(["git", "--git-dir", str(self.path), "rev-parse", "-q", "--verify",
-                              name + "^{commit}"], capture_output=True)
+        out = run_git(self.path, "rev-parse", "-q", "--verify", name + "^{commit}")
         commit = out.stdout.decode().strip() if out.returncode == 0 else ""
         if commit:
             self._present.add(commit)
@@ -368,7 +504,10 @@ class Importer:
         self.store = store
         self._lock = threading.Lock()
         self._written: set[str] = set()
-        self._pack = PackWriter(store.path / "objects")
+        try:
+            self._pack = PackWriter(store.path / "objects")
+        except OSError as exc:
+            raise unwritable_store(store.path, exc) from exc
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
@@ -393,7 +532,7 @@ class Importer:
             self._pack.add(oid, data, kind)
         except OSError as exc:
             # A half-written record would corrupt the pack: nothing more goes in.
-            self._broken = StoreError(f"cannot write to the store {self.store.path}: {exc.strerror or exc}")
+            self._broken = unwritable_store(self.store.path, exc)
             raise self._broken from exc
         self._written.add(oid)
 
@@ -421,7 +560,7 @@ class Importer:
                 record_raw_bytes(self.store.path, self._pack.size)
         except OSError as exc:
             self._pack.abort()
-            raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
+            raise unwritable_store(self.store.path, exc) from exc
         except BaseException:
             self._pack.abort()
             raise
@@ -506,15 +645,10 @@ class Importer:
     def _update_refs(self, updates: dict[str, tuple[str, str]]) -> str | None:
         """One ``update-ref --stdin`` transaction of ``{ref: (new, expected old)}``; git's error or None."""
         lines = "".join(f"update {ref} {new} {old}\n" for ref, (new, old) in updates.items())
-        try:
-            result = subprocess.run(["git", "--git-dir", str(self.store.path), "update-ref", "--stdin"],
-                                    input=lines.encode(), capture_output=True, check=False)
-        except OSError as exc:
-            raise StoreError(f"cannot run git: {exc}") from exc
+        result = run_git(self.store.path, "update-ref", "--stdin", input=lines.encode())
         if result.returncode == 0:
             return None
-        message = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        return message[-1] if message else f"git update-ref exited {result.returncode}"
+        return last_line(result.stderr, f"git update-ref exited {result.returncode}")
 
     def _current_refs(self, names: list[str]) -> dict[str, str]:
         out = self.store.git("for-each-ref", "--format=%(refname) %(objectname)", *names)
@@ -522,8 +656,7 @@ class Importer:
         return {name: found[name] for name in names if name in found}
 
     def _contains(self, commit: str, ancestor: str) -> bool:
-        return subprocess.run(["git", "--git-dir", str(self.store.path), "merge-base", "--is-ancestor",
-                               ancestor, commit], capture_output=True).returncode == 0
+        return run_git(self.store.path, "merge-base", "--is-ancestor", ancestor, commit).returncode == 0
 
 
 def tree_objects(leaves: Iterable[tuple[str, str, str]]) -> tuple[str, list[tuple[str, bytes]]]:

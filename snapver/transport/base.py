@@ -459,25 +459,3 @@ def unsafe_listing_path(entries: list[StatEntry], tracked: tuple[str, ...]) -> s
                 break
             folders.add(parent)
     return None
-
-
-def open_transport(spec: NodeSpec) -> Transport:
-    """The transport for a node spec: a local folder or SSH (imported only when needed)."""
-    if spec.local:
-        from snapver.transport.local import LocalTransport
-
-        return LocalTransport(spec)
-    if spec.control_persist > 0:
-        from snapver.transport.mux import MuxTransport
-
-        return MuxTransport(spec)
-    from snapver.transport.early import EarlyConnection, is_ip_address
-
-    # A node named by its address: connecting begins now, while the import below (paramiko,
-    # Fabric: ~150 ms) runs. (A name could be an ssh_config alias: no lookup is made for it.)
-    early = None
-    if spec.host and is_ip_address(spec.host):
-        early = EarlyConnection(spec.host, spec.port or 22, spec.tcp_connect_timeout)
-    from snapver.transport.ssh import SshTransport
-
-    return SshTransport(spec, early=early)

@@ -19,7 +19,7 @@ from snapver_inproc import run_inproc
 from snapver.config import load_config
 from snapver.ops.pull import list_live, stat_cache_path
 from snapver.store.repo import Store
-from snapver.transport.base import open_transport
+from snapver.transport.connect import open_transport
 
 FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(20)}
 

@@ -295,7 +295,7 @@ def test_import_refuses_bad_diffs(small, tmp_path):
             assert _import(small, f"ok{number}", diff).files[0].status == "D"
             continue
         with pytest.raises(PatchError) as caught:
-            _import(small, f"bad{number}", diff)
+            _import(small, f"bad-{number}", diff)
         assert message in str(caught.value), (label, str(caught.value))
     # Nothing was recorded by any refusal.
     refs = sh("git", "--git-dir", str(store_path), "for-each-ref", "--format=%(refname)", PATCH_REF).decode().split()

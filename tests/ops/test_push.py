@@ -36,7 +36,7 @@ from snapver.errors import ConflictError, TransportError, UsageError
 from snapver.ops.patch import export_patch
 from snapver.ops.push import apply_push, plan_push, push_state
 from snapver.store.repo import Store
-from snapver.transport.base import open_transport
+from snapver.transport.connect import open_transport
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNNER = "sglang/srt/model_executor/runner/base_cuda_graph_runner.py"

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,44 @@ def test_status_of_the_real_tree_over_ssh(sglang_site_template: Path, ssh_node, 
     row = document["nodes"][0]
     assert document["exit_code"] == 0 and row["identical"] is True and row["files"] == 2602
     assert row["dist"] == "sglang 0.5.23"
+
+
+def _record_started_push(store: str, node: str, patch: str) -> None:
+    """A push record left "started" (the writer died), made with git plumbing as in the test above."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    meta = json.dumps({"kind": "push", "action": "push", "state": "started", "patch": patch, "node": node})
+    record = subprocess.run(["git", "--git-dir", store, "commit-tree", f"refs/heads/nodes/{node}^{{tree}}", "-m",
+                             f"push {patch} to {node}\n\nsnapver-meta: {meta}"], capture_output=True, text=True,
+                            env=env, check=True).stdout.strip()
+    subprocess.run(["git", "--git-dir", store, "update-ref", f"refs/heads/pushes/{node}", record], check=True)
+
+
+def test_status_of_several_nodes_shows_each_interrupted_push(fleet: dict) -> None:
+    """Each node's row probes the store lock in a thread of its own: the probes must not take each
+    other for a running push (they did: `status a b` said `started` where `status a` said INTERRUPTED)."""
+    from snapver.ops.status import last_push
+    from snapver.store.repo import Store
+
+    store = Store(fleet["store"])
+    for node in ("ct200", "ct129"):
+        _record_started_push(str(fleet["store"]), node, "fix-b")
+    # Many probes at once, lined up by a barrier: where a probe took the lock, most rounds overlapped.
+    barrier = threading.Barrier(8)
+
+    def probe(node: str) -> list[bool]:
+        seen = []
+        for _ in range(25):
+            barrier.wait()
+            seen.append(last_push(store, node)["interrupted"])
+        return seen
+
+    with ThreadPoolExecutor(8) as pool:
+        rounds = list(pool.map(probe, ["ct200", "ct129"] * 4))
+    assert all(all(seen) for seen in rounds), "a concurrent probe was taken for a running push"
+    result = run_inproc("--config", fleet["config"], "status", "ct200", "ct129")
+    assert "ct200: INTERRUPTED push fix-b" in result.out and "ct129: INTERRUPTED push fix-b" in result.out, result
+    # While a command really holds the lock, a started push is running, not interrupted.
+    with store.lock():
+        assert last_push(store, "ct200")["interrupted"] is False
+        assert last_push(store, "ct200")["running"] is True

@@ -11,6 +11,7 @@ import base64
 import csv
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -120,3 +121,31 @@ def test_a_group_verifies_every_node_and_exits_with_the_worst(patched: dict, sgl
     document = json.loads(run_inproc("--config", config, "verify", "--json", "tp8").out)
     assert [(n["node"], n["exit_code"]) for n in document["nodes"]] == [("clean", 0), ("dirty", 1)]
     assert document["exit_code"] == 1
+
+
+def _record_digest(data: bytes) -> str:
+    """A RECORD hash field's value: urlsafe base64 of the sha256, unpadded (PEP 376)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_found_over_ssh(make_site_packages, config_for) -> None:
+    """Same length, other bytes, the old mtime put back: only the content hash can tell (a
+    verify that compared RECORD's sizes, or trusted a stat, would call the node pristine)."""
+    shipped = {f"sglang/srt/m{i}.py": f"import os\nvalue = {i}\n" for i in range(5)}
+    rows = "".join(f"{path},sha256={_record_digest(text.encode())},{len(text)}\n" for path, text in shipped.items())
+    site = make_site_packages("same-size", files={
+        **shipped, "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n",
+        RECORD: rows + f"{RECORD},,\n"})
+    target = site / "sglang/srt/m3.py"
+    before = target.stat()
+    edited = target.read_bytes().replace(b"import os", b"import io")  # a hand edit of the same length
+    target.write_bytes(edited)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = target.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert record_modified(site) == ["sglang/srt/m3.py"]  # RECORD's size still matches; its sha256 does not
+    result = run_inproc("--config", config_for("ssh", site), "verify", "ct200")
+    assert result.code == 1, result
+    assert result.out.splitlines() == [
+        "M\tsglang/srt/m3.py",
+        "ct200: 5 files checked against the RECORD of sglang 0.5.23: 1 modified, 0 missing, 0 extra"]

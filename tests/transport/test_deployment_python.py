@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from snapver.config import parse_config
-from snapver.transport.base import deployment_pythons, open_transport
+from snapver.transport.base import deployment_pythons
+from snapver.transport.connect import open_transport
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 

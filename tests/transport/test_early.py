@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from snapver.config import parse_config
-from snapver.transport.base import open_transport
+from snapver.transport.connect import open_transport
 from snapver.transport.early import EarlyConnection, is_ip_address
 
 

@@ -325,7 +325,7 @@ def test_ssh_socket_sends_and_acks_at_once(sshd, site, ssh_node, tmp_path) -> No
     import socket as socket_module
 
     from snapver.config import parse_config
-    from snapver.transport.base import open_transport
+    from snapver.transport.connect import open_transport
     from snapver.transport.ssh import _QuickAckSocket
 
     spec = parse_config({"nodes": {"ct200": ssh_node("ct200", site)}}, tmp_path / ".snapver").nodes["ct200"]

@@ -23,7 +23,8 @@ import pytest
 from snapver.config import parse_config
 from snapver.errors import RemotePathError, TransportError
 from snapver.model import DistInfo
-from snapver.transport.base import Transport, open_transport
+from snapver.transport.base import Transport
+from snapver.transport.connect import open_transport
 
 SRT = "sglang/srt"
 EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
