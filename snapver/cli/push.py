@@ -9,7 +9,7 @@ import typer
 
 from snapver import interrupt
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, show_path
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan, NodeRun
@@ -24,7 +24,7 @@ def _step_line(step: "object") -> str:
     mark, colour = _MARKS[step.action]
     if step.action == "write" and step.live is None:
         mark, colour = "A", "green"
-    return f"  [{colour}]{mark}[/{colour}] {escape(step.path)}  ({escape(step.note)})"
+    return f"  [{colour}]{mark}[/{colour}] {show_path(step.path)}  ({escape(step.note)})"
 
 
 def render_node_plan(plan: "NodePlan", verbose_skips: bool = True) -> None:

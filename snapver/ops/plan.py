@@ -31,8 +31,7 @@ from typing import Any, Callable, Iterable
 
 from snapver import interrupt
 from snapver.config import NodeSpec
-from snapver.errors import (Cancelled, ConflictError, RemotePathError, SnapverError, StoreError, StoreLockedError,
-                             TransportError)
+from snapver.errors import Cancelled, ConflictError, RemotePathError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import Commit, Store, format_message
@@ -356,13 +355,9 @@ def newest_record(store: Store, node: str, check_lock: bool = True) -> PushState
     if tip is None:
         return None
     commit = store.commit(tip)
-    running = False
-    if check_lock and commit.meta.get("state") == "started":
-        try:
-            with store.lock(wait=0):
-                pass
-        except StoreLockedError:
-            running = True
+    # A shared-lock probe: the threads of one command (status of several nodes) never take
+    # each other's probe for a running push.
+    running = check_lock and commit.meta.get("state") == "started" and store.is_locked()
     return _state_of(node, commit, running)
 
 

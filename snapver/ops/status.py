@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -221,17 +221,8 @@ def known_patches(store: Store) -> list[KnownPatch]:
 
 
 def last_push(store: Store, node: str) -> dict[str, Any] | None:
-    """The node's newest push record (patch, action, state, ``interrupted``), or None.
-
-    "started" is running while a command holds the store lock, else interrupted. The lock
-    is probed with ``Store.is_locked`` (shared, never mistaken for a writer by the other
-    nodes' threads probing at the same moment), not by taking it.
-    """
+    """The node's newest push record (patch, action, state, ``interrupted``), or None."""
     from snapver.ops.plan import newest_record
 
-    state = newest_record(store, node, check_lock=False)
-    if state is None:
-        return None
-    if state.state == "started" and store.is_locked():
-        state = replace(state, running=True)
-    return state.to_json()
+    state = newest_record(store, node)
+    return None if state is None else state.to_json()

@@ -25,7 +25,7 @@ from faultkit import git, wait_for
 
 from snapver.config import parse_config
 from snapver.errors import TransportError
-from snapver.transport.base import open_transport
+from snapver.transport.connect import open_transport
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SRT = "sglang/srt"
