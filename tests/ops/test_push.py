@@ -282,7 +282,7 @@ def test_killed_push_is_shown_and_repaired(sglang_site_template, write_config, s
         process.send_signal(signal.SIGKILL)
         process.wait()
     deadline = time.monotonic() + 10  # the node's agent sees its session end and removes what it staged
-    while any(p.name.startswith(".snapver-") for p in folder.iterdir()) and time.monotonic() < deadline:
+    while any(p.name.startswith(".snapver-") for p in (site / "sglang").rglob("*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     half = tree_hashes(site)
     if moment == "mid-stream":
