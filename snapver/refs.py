@@ -264,7 +264,9 @@ class Resolver:
 
     def _history(self, node: str) -> list[Commit]:
         head = self._newest(node)
-        return self._require_store(node).commits([head])
+        # Imports older than the head sit beside its branch (store/refs.py import_ref).
+        imported = list(self._refs_under(f"{store_refs.IMPORTS}{node}/").values())
+        return self._require_store(node).commits([head, *imported])
 
     def _history_hint(self, node: str) -> str:
         days = sorted({local_day(c).isoformat() for c in self._history(node)})

@@ -25,6 +25,7 @@ COMMANDS = {
     "diff": "diff", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
     "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
     "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
+    "import": "importdir",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "render", "options"}
