@@ -32,7 +32,7 @@ from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_tag_name
 from snapver.refs import FolderTree, resolve_folder, tracked_paths
 from snapver.store import refs
-from snapver.store.repo import Store, format_message
+from snapver.store.repo import Store, blob_oid, format_message
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
 DATE_FORM = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
@@ -133,8 +133,6 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
     entries = []
     blobs: dict[str, bytes] = {}
     for path, (kind, data) in contents.items():
-        from snapver.store.repo import blob_oid
-
         oid = blob_oid(data)
         blobs[oid] = data
         entries.append(Entry(path, kind, listed[path].mode, len(data), blake3.blake3(data).hexdigest(), oid))
