@@ -25,6 +25,18 @@ FIXED_TEXT = WORKER_TEXT + "    # may22: capture the cuda graph after warm-up\n"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def linked_copy(source: Path, target: Path) -> None:
+    """A copy of a tree made of hard links (fast); ``rewrite`` changes one file of it."""
+    shutil.copytree(source, target, symlinks=True, copy_function=os.link)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Replace a file's content without touching the other names of its inode."""
+    if path.exists():
+        path.unlink()
+    path.write_text(text)
+
+
 @pytest.fixture
 def story(make_site_packages, sglang_site_template, ssh_node, write_config) -> dict:
     """Node ct200 (sshd) holding sglang plus the story's dflash_worker.py; the user's folder
@@ -32,8 +44,8 @@ def story(make_site_packages, sglang_site_template, ssh_node, write_config) -> d
     site = make_site_packages("ct200", sglang_site_template, {WORKER: WORKER_TEXT})
     config = write_config({"ct200": ssh_node("ct200", site)})
     snapshot = Path.cwd() / "remote_sglang_snapshot"
-    shutil.copytree(site / "sglang" / "srt", snapshot, symlinks=True)
-    (snapshot / "speculative" / "dflash_worker.py").write_text(FIXED_TEXT)
+    linked_copy(site / "sglang" / "srt", snapshot)
+    rewrite(snapshot / "speculative" / "dflash_worker.py", FIXED_TEXT)
     return {"site": site, "config": config, "folder": snapshot}
 
 
@@ -59,9 +71,9 @@ def test_story_folder_diffed_against_a_node_with_a_path_inside_srt(story: dict) 
 def test_layouts_site_packages_checkout_srt_and_inside_and_root_override(story: dict, tmp_path: Path) -> None:
     site, folder = story["site"], story["folder"]
     checkout = tmp_path / "src" / "sglang"
-    shutil.copytree(folder, checkout / "python" / "sglang" / "srt", symlinks=True)
+    linked_copy(folder, checkout / "python" / "sglang" / "srt")
     holder = tmp_path / "holder"  # holds srt/..., as the sglang/ folder does
-    shutil.copytree(folder, holder / "srt", symlinks=True)
+    linked_copy(folder, holder / "srt")
     cases = [(str(site), "a site-packages", 0), (str(checkout), "a source checkout", 1),
              (str(holder), "a copy of sglang/", 1), ("./remote_sglang_snapshot", "the inside of sglang/srt", 1)]
     for ref, layout, code in cases:
@@ -71,7 +83,7 @@ def test_layouts_site_packages_checkout_srt_and_inside_and_root_override(story: 
         assert f"{ref} is {layout}" in result.err, result.err
     # `~` is expanded; --root says where the root is instead of matching.
     home_copy = Path(os.environ["HOME"]) / "srt-copy"
-    shutil.copytree(folder, home_copy, symlinks=True)
+    linked_copy(folder, home_copy)
     tilde = run_inproc("diff", "--name-status", "--root", "sglang/srt", "~/srt-copy", "ct200")
     assert (tilde.code, tilde.out) == (1, f"M\t{WORKER}\n"), tilde.err
     assert "the inside of sglang/srt (--root sglang/srt)" in tilde.err
@@ -82,7 +94,7 @@ def test_layouts_site_packages_checkout_srt_and_inside_and_root_override(story: 
 
 def test_folder_against_folder_needs_no_store_and_json_names_the_mapping(story: dict, tmp_path: Path) -> None:
     other = tmp_path / "other"
-    shutil.copytree(story["folder"], other / "srt", symlinks=True)
+    linked_copy(story["folder"], other / "srt")
     result = run_inproc("diff", "--json", "./remote_sglang_snapshot", str(other))
     assert result.code == 0, result.err
     document = json.loads(result.out)
@@ -142,7 +154,7 @@ def test_unreadable_folder_is_a_ref_error() -> None:
 
 def test_files_by_basename_glob_and_did_you_mean(story: dict) -> None:
     folder = story["folder"]
-    (folder / "model_executor" / "runner" / "decode_cuda_graph_runner.py").write_text("# hot-fixed\n")
+    rewrite(folder / "model_executor" / "runner" / "decode_cuda_graph_runner.py", "# hot-fixed\n")
     expected_same = sorted(p for p in tree_hashes(story["site"])
                            if p.startswith("sglang/srt/speculative/dflash_") and p != WORKER)
     # A file name: every file so called.
@@ -174,7 +186,7 @@ def test_did_you_mean_offers_the_v2_worker_on_a_pristine_node(story: dict) -> No
     """The node of the wheel has dflash_worker_v2.py only: asking for dflash_worker.py offers it."""
     (story["site"] / WORKER).unlink()
     shutil.rmtree(story["folder"])
-    shutil.copytree(story["site"] / "sglang" / "srt", story["folder"], symlinks=True)
+    linked_copy(story["site"] / "sglang" / "srt", story["folder"])
     result = run_inproc("diff", "./remote_sglang_snapshot", "ct200", "--", "dflash_worker.py")
     assert result.code == 2
     assert "did you mean sglang/srt/speculative/dflash_worker_v2.py" in result.err
@@ -190,7 +202,7 @@ def test_patch_new_from_a_folder(story: dict, tmp_path: Path) -> None:
     assert exported.code == 0
     # The exported patch turns a copy of the node's tree into the folder's (checked with patch -p1).
     work = tmp_path / "apply"
-    shutil.copytree(story["site"], work, symlinks=True)
+    linked_copy(story["site"], work)
     subprocess.run(["patch", "-p1", "-s"], input=exported.out.encode(), cwd=work, check=True)
     patched = {p[len("sglang/srt/"):]: v for p, v in tree_hashes(work).items()}
     name = story["folder"].name

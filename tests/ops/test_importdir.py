@@ -36,6 +36,18 @@ def hash_object(path: Path) -> str:
                           text=True).stdout.strip()
 
 
+def linked_copy(source: Path, target: Path) -> None:
+    """A copy of a tree made of hard links (fast); ``rewrite`` changes one file of it."""
+    shutil.copytree(source, target, symlinks=True, copy_function=os.link)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Replace a file's content without touching the other names of its inode."""
+    if path.exists():
+        path.unlink()
+    path.write_text(text)
+
+
 @pytest.fixture
 def story(make_site_packages, sglang_site_template, ssh_node, write_config) -> dict:
     """Node ct200 (sshd), pulled once today; ``remote_sglang_snapshot/`` holds its srt as of
@@ -43,8 +55,8 @@ def story(make_site_packages, sglang_site_template, ssh_node, write_config) -> d
     site = make_site_packages("ct200", sglang_site_template, {WORKER: WORKER_TEXT})
     write_config({"ct200": ssh_node("ct200", site)})
     folder = Path.cwd() / "remote_sglang_snapshot"
-    shutil.copytree(site / "sglang" / "srt", folder, symlinks=True)
-    (folder / "speculative" / "dflash_worker.py").write_text(FIXED_TEXT)
+    linked_copy(site / "sglang" / "srt", folder)
+    rewrite(folder / "speculative" / "dflash_worker.py", FIXED_TEXT)
     pulled = run_inproc("pull", "ct200")
     assert pulled.code == 0, pulled.err
     return {"site": site, "folder": folder, "pull": git("rev-parse", "refs/heads/nodes/ct200").strip()}
