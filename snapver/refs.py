@@ -375,11 +375,12 @@ class FolderTree:
 
     def describe(self) -> str:
         """The mapping taken, for a line on stderr:
-        ``./snap is the inside of sglang/srt (./snap/. = sglang/srt)``."""
+        ``./snap/ = sglang/srt/ (the inside of sglang/srt; --root to change)``."""
         inside = self.site != str(self.path)
-        mapping = ", ".join(f"{self.text.rstrip('/')}/{'.' if inside else disk} = {tracked}"
-                            for disk, tracked in self.roots)
-        return f"{self.text} is {self.layout} ({mapping})"
+        base = self.text.rstrip("/")
+        mapping = ", ".join(f"{base}/{'' if inside else disk + '/'} = {tracked}/" for disk, tracked in self.roots)
+        how = self.layout if "--root" in self.layout else f"{self.layout}; --root to change"
+        return f"{mapping} ({how})"
 
     def spec(self) -> NodeSpec:
         """The synthetic local node that reads this folder (its paths are the folders on disk)."""
@@ -513,14 +514,14 @@ def _roots_at(folder: Path, text: str, root: str, wanted: tuple[str, ...]) -> tu
         if not holding:
             raise RefError(f"--root {root!r} says {text} is a site-packages, but it holds none of "
                            f"{', '.join(p + '/' for p in wanted)}")
-        return holding, "a site-packages (--root .)"
+        return holding, "a site-packages, by --root ."
     if prefix in wanted:
-        return (("", prefix),), f"the inside of {prefix} (--root {prefix})"
+        return (("", prefix),), f"the inside of {prefix}, by --root {prefix}"
     for path in wanted:
         if path.startswith(prefix + "/"):
             below = path[len(prefix) + 1:]
             if not (folder / below).is_dir():
                 raise RefError(f"--root {root!r} says {text} is {prefix}/, but it has no {below}/ folder")
-            return ((below, path),), f"a copy of {prefix}/ (--root {prefix})"
+            return ((below, path),), f"a copy of {prefix}/, by --root {prefix}"
     raise RefError(f"--root {root!r} is not a tracked path or a folder above one",
                    hint=f"tracked: {', '.join(wanted)}; the root of a site-packages is --root .")

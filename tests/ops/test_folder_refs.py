@@ -57,7 +57,7 @@ def test_story_folder_diffed_against_a_node_with_a_path_inside_srt(story: dict) 
     assert "-    # may22: capture the cuda graph after warm-up\n" in result.out
     assert result.out.count("diff --git") == 1
     # stderr says how the folder was read and which file was compared.
-    assert "./remote_sglang_snapshot is the inside of sglang/srt" in result.err
+    assert "./remote_sglang_snapshot/ = sglang/srt/ (the inside of sglang/srt; --root to change)" in result.err
     assert f"1 file compared: {WORKER}" in result.err
     # The folder untouched elsewhere: identical to the node but for the edited file.
     whole = run_inproc("diff", "--name-status", "./remote_sglang_snapshot", "ct200")
@@ -74,19 +74,21 @@ def test_layouts_site_packages_checkout_srt_and_inside_and_root_override(story: 
     linked_copy(folder, checkout / "python" / "sglang" / "srt")
     holder = tmp_path / "holder"  # holds srt/..., as the sglang/ folder does
     linked_copy(folder, holder / "srt")
-    cases = [(str(site), "a site-packages", 0), (str(checkout), "a source checkout", 1),
-             (str(holder), "a copy of sglang/", 1), ("./remote_sglang_snapshot", "the inside of sglang/srt", 1)]
-    for ref, layout, code in cases:
+    cases = [(str(site), "sglang/srt/", "a site-packages", 0),
+             (str(checkout), "python/sglang/srt/", "a source checkout", 1),
+             (str(holder), "srt/", "a copy of sglang/", 1),
+             ("./remote_sglang_snapshot", "", "the inside of sglang/srt", 1)]
+    for ref, below, layout, code in cases:
         result = run_inproc("diff", "--name-status", ref, "ct200")
         assert result.code == code, (ref, result.err)
         assert result.out == ("" if code == 0 else f"M\t{WORKER}\n"), ref
-        assert f"{ref} is {layout}" in result.err, result.err
+        assert f"{ref}/{below} = sglang/srt/ ({layout}; --root to change)" in result.err, result.err
     # `~` is expanded; --root says where the root is instead of matching.
     home_copy = Path(os.environ["HOME"]) / "srt-copy"
     linked_copy(folder, home_copy)
     tilde = run_inproc("diff", "--name-status", "--root", "sglang/srt", "~/srt-copy", "ct200")
     assert (tilde.code, tilde.out) == (1, f"M\t{WORKER}\n"), tilde.err
-    assert "the inside of sglang/srt (--root sglang/srt)" in tilde.err
+    assert "~/srt-copy/ = sglang/srt/ (the inside of sglang/srt, by --root sglang/srt)" in tilde.err
     # A wrong --root is refused, naming what it expected.
     wrong = run_inproc("diff", "--root", ".", "./remote_sglang_snapshot", "ct200")
     assert wrong.code == 2 and "holds none of sglang/srt/" in wrong.err

@@ -67,7 +67,7 @@ def test_story_import_dated_may22_is_found_by_node_at_may22_and_by_its_tag(story
                         "--tag", "may22", "-m", "May 22 copy, before the cuda-graph fix")
     assert result.code == 0, result.err
     assert "ct200: imported snapshot" in result.out and "dated 2026-05-22 00:00 (--date)" in result.out
-    assert "./remote_sglang_snapshot is the inside of sglang/srt" in result.err
+    assert "./remote_sglang_snapshot/ = sglang/srt/ (the inside of sglang/srt" in result.err
     imported = git("rev-parse", "refs/tags/may22").strip()
     # The node's branch did not move: ct200@latest is still today's pull.
     assert git("rev-parse", "refs/heads/nodes/ct200").strip() == story["pull"]
