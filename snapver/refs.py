@@ -62,9 +62,10 @@ def resolve_snapshot(store: Store | None, config: Config, text: str) -> str:
     return Resolver(store, config).snapshot(text)
 
 
-def resolve_tree(store: Store | None, config: Config, text: str) -> TreeRef:
-    """What a ref names where a live node fits too (diff, status, patch capture)."""
-    return Resolver(store, config).tree(text)
+def resolve_tree(store: Store | None, config: Config, text: str, root: str | None = None) -> TreeRef:
+    """What a ref names where a live node fits too (diff, status, patch capture); a folder
+    ref's ``TreeRef.folder`` is read with ``ops.diff.open_live`` (``root``: ``--root``)."""
+    return Resolver(store, config, folder_root=root).tree(text)
 
 
 def parse_day(text: str, today: date | None = None) -> date | None:
