@@ -164,6 +164,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
     try:
         sides = _load_sides(store, config, [ref_a, ref_b], checksum)
         side_a, side_b = sides
+        _scope_to_folders(side_a, side_b)
         changes = compare_manifests(side_a.manifest, side_b.manifest)
         matched: dict[str, list[str]] = {}
         same: list[str] = []
@@ -236,6 +237,17 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], check
                 side.transport.close()
         raise errors[0]
     return sides
+
+
+def _scope_to_folders(*sides: Side) -> None:
+    """A folder stands for some tracked paths only (a copy of srt): the other side's files
+    outside them are left out, not reported as missing from the folder."""
+    for folder in (side.ref.folder for side in sides if side.ref.folder is not None):
+        inside = tuple(path + "/" for path in folder.tracked)
+        for side in sides:
+            if any(not path.startswith(inside) for path in side.manifest.entries):
+                side.manifest = Manifest({path: entry for path, entry in side.manifest.entries.items()
+                                          if path.startswith(inside)})
 
 
 def open_live(config: Config, ref: TreeRef) -> Transport:

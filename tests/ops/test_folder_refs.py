@@ -214,3 +214,18 @@ def test_patch_new_from_a_folder(story: dict, tmp_path: Path) -> None:
     bad = run_inproc("patch", "new", "other", "--base", "ct200", "--from", "./nope")
     assert bad.code == 2 and "no such folder: ./nope" in bad.err
     assert "other" not in run_inproc("patch", "list").out
+
+
+def test_a_folder_standing_for_one_tracked_path_is_compared_on_that_path_only(make_site_packages, local_node,
+                                                                              write_config) -> None:
+    site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n", "sglang/lang/b.py": "b = 1\n"})
+    write_config({"n1": local_node(site, paths=["sglang/srt", "sglang/lang"])})
+    copy = Path.cwd() / "srt-copy"
+    copy.mkdir()
+    (copy / "a.py").write_text("a = 2\n")
+    result = run_inproc("diff", "--name-status", "./srt-copy", "n1")
+    assert (result.code, result.out) == (1, "M\tsglang/srt/a.py\n"), result.err
+    # A site-packages copy holding both tracked paths is compared on both.
+    both = make_site_packages("copy", files={"sglang/srt/a.py": "a = 1\n", "sglang/lang/b.py": "b = 2\n"})
+    result = run_inproc("diff", "--name-status", str(both), "n1")
+    assert (result.code, result.out) == (1, "M\tsglang/lang/b.py\n"), result.err
