@@ -149,7 +149,7 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
             "source": str(folder.path), "layout": folder.layout, "site_packages": folder.site,
             "time": moment.isoformat(timespec="seconds"),
             "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "paths": list(tracked), "dists": dists, "files": len(manifest), "changed": changed,
+            "paths": list(folder.tracked), "dists": dists, "files": len(manifest), "changed": changed,
             "bytes": manifest.total_size(),
         }
         if message:
