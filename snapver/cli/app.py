@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # them. Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "diff": "diff", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
+    "diff": "diff", "import": "importdir", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
     "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
     "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
 }

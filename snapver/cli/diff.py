@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List
+from typing import Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -32,8 +32,9 @@ class RefsThenPathsCommand(TyperCommand):
 def diff(
     ctx: typer.Context,
     refs: List[str] = typer.Argument(..., metavar="A [B]", show_default=False,
-                                     help="Two trees (node = live, node@latest, tag, may22, id, patch); "
-                                     "one: a node's newest snapshot against its live tree. Paths go after `--`."),
+                                     help="Two trees (node = live, node@latest, tag, may22, id, patch, ./folder); "
+                                     "one: a node's newest snapshot against its live tree. Paths go after `--`: "
+                                     "relative to site-packages or a tracked path, file names, or globs."),
     name_status: bool = typer.Option(False, "--name-status", help="One line per changed file: M/A/D/T, tab, path."),
     stat: bool = typer.Option(False, "--stat", help="A diffstat."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
@@ -41,6 +42,11 @@ def diff(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
+    same: bool = typer.Option(False, "-s", "--report-identical-files",
+                              help="Also list the files compared that are identical, as `=  path`."),
+    root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
+                                       help="A folder ref is site-packages/PREFIX (e.g. sglang/srt; `.`: a "
+                                       "site-packages), instead of the matched layout."),
 ) -> int:
     """Compare two trees by content: exit 0 identical, 1 different."""
     from snapver.errors import UsageError
@@ -55,7 +61,9 @@ def diff(
     config = STATE.config()
     store = _store_if_any(config)
     result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                      contents=not (quiet or name_status or json_out), context=unified, checksum=checksum)
+                      contents=not (quiet or name_status or json_out), context=unified, checksum=checksum, root=root)
+    if not json_out and not quiet:
+        _report_selection(result)
     if json_out:
         emit_json(result.to_json())
     elif quiet:
@@ -66,7 +74,37 @@ def diff(
         _stat(result)
     else:
         _unified(result)
+    if same and not (json_out or quiet):
+        _identical(result)
     return result.exit_code
+
+
+COMPARED_LISTED = 10  # up to this many files compared are named on stderr
+
+
+def _report_selection(result: Any) -> None:
+    """On stderr: how each folder was read, and which files the path operands matched."""
+    err = console(stderr=True)
+    for folder in result.folders:
+        err.print(escape(folder.describe()))
+    compared = result.compared
+    if not result.matched:
+        return
+    count = f"{len(compared)} file{'s' if len(compared) != 1 else ''} compared"
+    if len(compared) <= COMPARED_LISTED:
+        err.print(escape(f"{count}: {', '.join(compared)}"))
+    else:
+        per_operand = ", ".join(f"{operand}: {len(found)}" for operand, found in result.matched.items())
+        err.print(escape(f"{count} ({per_operand})"))
+
+
+def _identical(result: Any) -> None:
+    from snapver.model import quote_path
+
+    out = sys.stdout.buffer
+    for path in result.same:
+        out.write(f"=  {quote_path(path)}\n".encode("utf-8", "surrogateescape"))
+    out.flush()
 
 
 def _store_if_any(config: Any) -> Any:

@@ -42,14 +42,23 @@ def new(
                                        "leave out to check out an existing patch."),
     nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
     message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
+    from_folder: Optional[str] = typer.Option(None, "--from", metavar="FOLDER",
+                                              help="Make the patch the base → this folder's tree (a copy of srt, "
+                                              "a source checkout …, matched as a folder ref is)."),
+    root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
+                                       help="With --from: the folder is site-packages/PREFIX, not matched."),
 ) -> int:
     """Start a patch: an editable checkout of the base tree; prints its folder."""
     from snapver.ops.patch import new_patch
 
     config = STATE.config()
     store = STATE.store(config)
-    result = new_patch(store, config, name, base, nodes or [], message)
+    result = new_patch(store, config, name, base, nodes or [], message, from_folder, root)
     out = console()
+    if from_folder is not None:
+        out.print(f"patch {escape(name)}: {len(result.patch.files)} file(s) from {escape(from_folder)}")
+        for item in result.patch.files:
+            out.print(_status_line(item.status, item.path))
     out.print(f"patch {escape(name)} on {result.patch.base[:10]} ({escape(result.patch.base_node)}): "
               f"{result.files} files checked out")
     out.print(f"edit the files under it, then run `snapver patch save {escape(name)}`:", style=None)

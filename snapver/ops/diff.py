@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from snapver.errors import SnapverError, UsageError
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
                            compare_manifests, is_safe_relpath, quote_path)
 from snapver.ops.pull import list_live
-from snapver.refs import Resolver, TreeRef
+from snapver.refs import Resolver, TreeRef, tracked_paths
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport
@@ -45,13 +46,17 @@ class Side:
 
     @property
     def kind(self) -> str:
+        if self.ref.folder is not None:
+            return "folder"
         if self.ref.is_live:
             return "live"
         return str(self.commit.meta.get("kind", "snapshot")) if self.commit else "snapshot"
 
     @property
     def label(self) -> str:
-        """How messages name this side: ``ct200 (live)`` or ``v1 (1a2b3c4d5e)``."""
+        """How messages name this side: ``ct200 (live)``, ``./dir (folder)`` or ``v1 (1a2b3c4d5e)``."""
+        if self.ref.folder is not None:
+            return f"{self.ref.text} (folder)"
         if self.ref.is_live:
             return f"{self.node} (live)"
         assert self.commit is not None
@@ -62,6 +67,8 @@ class Side:
                                     "files": len(self.manifest)}
         if self.commit is not None:
             document.update(commit=self.commit.id, time=self.commit.time.astimezone().isoformat())
+        if self.ref.folder is not None:
+            document.update(self.ref.folder.to_json())
         return document
 
 
@@ -87,6 +94,20 @@ class DiffResult:
     changes: list[Change]
     paths: tuple[str, ...] = ()
     files: list[FileDiff] | None = None  # only when contents were asked for
+    # With paths after `--`: each operand → the files it matched (in either tree), and
+    # the matched files that are the same in both trees.
+    matched: dict[str, list[str]] = field(default_factory=dict)
+    same: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> list[str]:
+        """Every file the path operands matched, sorted (empty without operands)."""
+        return sorted({path for paths in self.matched.values() for path in paths}, key=os.fsencode)
+
+    @property
+    def folders(self) -> list[Any]:
+        """The sides that are local folders (their mapping is worth a line on stderr)."""
+        return [side.ref.folder for side in (self.a, self.b) if side.ref.folder is not None]
 
     @property
     def identical(self) -> bool:
@@ -112,26 +133,29 @@ class DiffResult:
                 item.update(binary=found.binary, added=found.added, removed=found.removed)
             changes.append(item)
         return {"a": self.a.to_json(), "b": self.b.to_json(), "paths": list(self.paths),
+                "matched": self.matched, "same": self.same,
                 "identical": self.identical, "changes": changes, "exit_code": self.exit_code}
 
 
 # -- the operation ---------------------------------------------------------------------------
 
 def diff(store: Store | None, config: Config, a: str, b: str | None = None, paths: Sequence[str] = (),
-         contents: bool = False, context: int = 3, checksum: bool = False) -> DiffResult:
+         contents: bool = False, context: int = 3, checksum: bool = False, root: str | None = None) -> DiffResult:
     """Compare two trees; with one ref, a node's newest snapshot against its live tree.
 
     Args:
         store: the store, or None when there is none yet (then only live nodes can be named).
         config: the loaded config (nodes).
         a, b: refs (see ``snapver.refs``); ``b`` None means "the live tree of a's node".
-        paths: only these paths (files, folders or globs relative to site-packages).
+        paths: only these paths: files or folders relative to site-packages or to a tracked
+            path, file names, or globs (see ``select_paths``).
         contents: also build unified-diff text and diffstat numbers (fetches changed files).
         context: lines of context in the unified diff.
         checksum: hash every live file on the node, ignoring what the last pull saw.
+        root: where a folder ref's root sits below site-packages (``--root``), else matched.
     """
     filters = normalize_paths(paths)
-    resolver = Resolver(store, config)
+    resolver = Resolver(store, config, folder_root=root)
     ref_a = resolver.tree(a)
     if b is None:
         ref_a, ref_b = _one_argument(store, config, resolver, ref_a)
@@ -141,11 +165,19 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
     try:
         sides = _load_sides(store, config, [ref_a, ref_b], checksum)
         side_a, side_b = sides
+        _scope_to_folders(side_a, side_b)
         changes = compare_manifests(side_a.manifest, side_b.manifest)
+        matched: dict[str, list[str]] = {}
+        same: list[str] = []
         if filters:
-            _check_filters(filters, side_a, side_b)
-            changes = [c for c in changes if path_matches(c.path, filters)]
-        result = DiffResult(side_a, side_b, changes, tuple(filters))
+            roots = _tracked_roots(config, side_a, side_b)
+            present = set(side_a.manifest.entries) | set(side_b.manifest.entries)
+            matched = select_paths(filters, present, roots, f"{side_a.label} or {side_b.label}")
+            chosen = {path for found in matched.values() for path in found}
+            changes = [c for c in changes if c.path in chosen]
+            differing = {c.path for c in changes}
+            same = sorted((path for path in chosen if path not in differing), key=os.fsencode)
+        result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same)
         if contents and changes:
             old_data = read_contents(store, side_a, [c.old for c in changes if c.old is not None])
             new_data = read_contents(store, side_b, [c.new for c in changes if c.new is not None])
@@ -162,6 +194,9 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
 def _one_argument(store: Store | None, config: Config, resolver: Resolver,
                   ref: TreeRef) -> tuple[TreeRef, TreeRef]:
     """``diff NODE``: its newest snapshot → live; ``diff SNAPSHOT``: it → its node's live tree."""
+    if ref.folder is not None:
+        raise UsageError(f"{ref.text!r} is a folder: name the tree to compare it with",
+                         hint=f"snapver diff {ref.text} NODE (or a snapshot, tag or date)")
     if ref.is_live:
         assert ref.live_node is not None
         newest = resolver.snapshot(f"{ref.live_node}@latest")
@@ -182,10 +217,10 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], check
     def load(side: Side) -> SnapverError | None:
         try:
             if side.ref.is_live:
-                assert side.ref.live_node is not None
                 side.node = side.ref.live_node
-                side.transport = open_transport(config.node(side.node)).start()
-                side.manifest = live_manifest(list_live(store, side.transport, checksum))
+                side.transport = open_live(config, side.ref).start()
+                # A folder has no stat cache in the store: it is hashed in full.
+                side.manifest = live_manifest(list_live(store if side.node else None, side.transport, checksum))
             else:
                 assert store is not None and side.ref.commit is not None
                 side.commit = store.commit(side.ref.commit)
@@ -203,6 +238,27 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], check
                 side.transport.close()
         raise errors[0]
     return sides
+
+
+def _scope_to_folders(*sides: Side) -> None:
+    """A folder stands for some tracked paths only (a copy of srt): the other side's files
+    outside them are left out, not reported as missing from the folder."""
+    for folder in (side.ref.folder for side in sides if side.ref.folder is not None):
+        inside = tuple(path + "/" for path in folder.tracked)
+        for side in sides:
+            if any(not path.startswith(inside) for path in side.manifest.entries):
+                side.manifest = Manifest({path: entry for path, entry in side.manifest.entries.items()
+                                          if path.startswith(inside)})
+
+
+def open_live(config: Config, ref: TreeRef) -> Transport:
+    """The (unstarted) transport of a live tree: a configured node, or a folder given as a ref."""
+    if ref.folder is not None:
+        from snapver.transport.local import FolderTransport
+
+        return FolderTransport(ref.folder.spec(), ref.folder.roots)
+    assert ref.live_node is not None
+    return open_transport(config.node(ref.live_node))
 
 
 def live_manifest(listing: Listing) -> Manifest:
@@ -250,12 +306,77 @@ def path_matches(path: str, filters: Sequence[str]) -> bool:
     return False
 
 
-def _check_filters(filters: Sequence[str], a: Side, b: Side) -> None:
-    """A filter that matches no file in either tree is a typo, not "identical"."""
-    for pattern in filters:
-        if not any(path_matches(path, [pattern]) for side in (a, b) for path in side.manifest.entries):
-            raise UsageError(f"path {pattern!r} matches no file in {a.label} or {b.label}",
-                             hint="paths are relative to site-packages, e.g. sglang/srt/server_args.py")
+def _tracked_roots(config: Config, *sides: Side) -> list[str]:
+    """The tracked paths a path operand may be relative to: the config's, each side's."""
+    roots = dict.fromkeys(tracked_paths(config))
+    for side in sides:
+        if side.ref.folder is not None:
+            roots.update(dict.fromkeys(side.ref.folder.tracked))
+        elif side.commit is not None:
+            roots.update(dict.fromkeys(side.commit.meta.get("paths") or ()))
+    return list(roots)
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _basename(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def match_operand(operand: str, paths: Iterable[str], roots: Sequence[str]) -> list[str]:
+    """The files one path operand names, the first of these rules that matches any:
+
+    1. a file or folder relative to site-packages (``sglang/srt/speculative``);
+    2. one relative to a tracked path (``speculative/dflash_worker.py``);
+    3. a glob (on the path from site-packages, from a tracked path, or on the file name
+       when it has no ``/``) or a file name (``dflash_worker.py``: every file so called).
+    """
+    listed = list(paths)
+    found = [path for path in listed if path_matches(path, [operand])]
+    if not found:
+        under = [f"{root}/{operand}" for root in roots]
+        found = [path for path in listed if path_matches(path, under)]
+    if not found and _is_glob(operand):
+        def glob_hit(path: str) -> bool:
+            if fnmatch.fnmatchcase(path, operand):
+                return True
+            if "/" not in operand and fnmatch.fnmatchcase(_basename(path), operand):
+                return True
+            return any(path.startswith(root + "/") and fnmatch.fnmatchcase(path[len(root) + 1:], operand)
+                       for root in roots)
+
+        found = [path for path in listed if glob_hit(path)]
+    if not found and "/" not in operand and not _is_glob(operand):
+        found = [path for path in listed if _basename(path) == operand]
+    return sorted(found, key=os.fsencode)
+
+
+def select_paths(operands: Sequence[str], paths: Iterable[str], roots: Sequence[str],
+                 where: str = "either tree") -> dict[str, list[str]]:
+    """``{operand: the files it names}`` (see ``match_operand``); an operand naming none is a
+    UsageError (exit 2) that offers the files whose names are closest to it."""
+    listed = sorted(set(paths), key=os.fsencode)
+    matched = {}
+    for operand in operands:
+        found = match_operand(operand, listed, roots)
+        if not found:
+            raise UsageError(f"path {operand!r} matches no file in {where}", hint=_closest(operand, listed, roots))
+        matched[operand] = found
+    return matched
+
+
+def _closest(operand: str, paths: list[str], roots: Sequence[str]) -> str:
+    """A did-you-mean by file-name similarity (``dflash_worker_v2.py`` for ``dflash_worker.py``)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        by_name.setdefault(_basename(path), []).append(path)
+    near = difflib.get_close_matches(_basename(operand), list(by_name), n=3, cutoff=0.6)
+    shown = [path for name in near for path in by_name[name]][:5]
+    where = f"site-packages or to {', '.join(roots)}" if roots else "site-packages"
+    rules = f"a path is relative to {where}, a file name, or a glob"
+    return f"did you mean {' or '.join(shown)}? ({rules})" if shown else rules
 
 
 # -- unified diff text ---------------------------------------------------------------------------
@@ -367,4 +488,5 @@ def _enc(text: str) -> bytes:
 
 
 __all__ = ["ADDED", "DELETED", "FILE", "MODIFIED", "TYPE_CHANGED", "DiffResult", "FileDiff", "Side", "diff",
-           "file_diff", "live_manifest", "normalize_paths", "path_matches", "split_lines", "unified_hunks"]
+           "file_diff", "live_manifest", "match_operand", "normalize_paths", "open_live", "path_matches",
+           "select_paths", "split_lines", "unified_hunks"]

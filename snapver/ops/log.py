@@ -62,6 +62,9 @@ def log(store: Store, config: Config, node: str | None = None, limit: int | None
         revs = [refs.node_ref(node)]
     else:
         revs = [refs.node_ref(name) for name in sorted(heads)]
+    # Imported snapshots older than their node's head are kept beside its branch.
+    revs += [refs.IMPORTS + name for name in sorted(store.refs(refs.IMPORTS))
+             if node is None or name.startswith(node + "/")]
     tags = tags_by_commit(store)
     return [describe(c, tags) for c in store.commits(revs, limit=limit)]
 

@@ -495,10 +495,13 @@ def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict
 
 
 def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
-              nodes: Iterable[str] = (), message: str = "") -> Checkout:
+              nodes: Iterable[str] = (), message: str = "", from_folder: str | None = None,
+              root: str | None = None) -> Checkout:
     """Start a patch: record it (no change yet) and check its base out for editing.
 
     For an existing patch without ``base_ref``, check out its current tree instead.
+    ``from_folder``: a folder (matched as a folder ref is, ``root`` as ``--root``) whose
+    tree the patch makes of the base: every file that differs, is new or is missing there.
     """
     # The name first: a folder named after a name no store would keep cannot be looked at.
     if base_ref is None:
@@ -509,19 +512,54 @@ def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
     if folder.exists() and any(folder.iterdir()):
         raise UsageError(f"{folder} already exists", hint=f"edit it and `snapver patch save {name}`, "
                          "or remove the folder to check the patch out again")
+    if from_folder is not None and base_ref is None:
+        raise UsageError("--from needs --base: the snapshot the folder's changes apply to")
     if base_ref is None:
         manifest = store.manifest(patch.commit)
     else:
         targets = check_targets(config, nodes)
         base = resolve_base(store, config, base_ref)
-        meta = _patch_meta(base, targets, message, "new", 0)
-        _write_patch_commit(store, name, base.commit, base.manifest, [], meta, None)
+        manifest, blobs, source = base.manifest, [], "new"
+        if from_folder is not None:
+            manifest, blobs = _folder_tree(store, config, base, from_folder, root)
+            source = "folder"
+        meta = _patch_meta(base, targets, message, source, len(changed_files(base.manifest, manifest)))
+        if from_folder is not None:
+            meta["from"] = from_folder
+        _write_patch_commit(store, name, base.commit, manifest, blobs, meta, None)
         patch = load_patch(store, name, with_files=False)
-        manifest = base.manifest
     marker = {"name": name, "store": str(store.path), "head": patch.commit, "parent": patch.commit,
               "base": patch.base, "paths": list(patch.paths)}
     files = _write_checkout(store, folder, manifest, marker)
     return Checkout(load_patch(store, name), folder, files)
+
+
+def _folder_tree(store: Store, config: Config, base: Base, text: str,
+                 root: str | None) -> tuple[Manifest, list[bytes]]:
+    """The base's tracked paths as a folder holds them (read by the local agent, links as
+    links), and the content of the files that differ from the base."""
+    from snapver.refs import resolve_folder
+    from snapver.transport.local import FolderTransport
+
+    tree = resolve_folder(text, config, store, root, base.paths)
+    entries: dict[str, Entry] = {}
+    blobs: list[bytes] = []
+    with FolderTransport(tree.spec(), tree.roots) as transport:
+        listing = transport.list_tree()
+        changed = {e.path: e for e in listing.entries if not _same(base.manifest.get(e.path), e.kind, e.oid, e.mode)}
+        for entry in listing.entries:
+            if entry.path not in changed:
+                entries[entry.path] = base.manifest.entries[entry.path]
+        for path, kind, data in transport.read_files(list(changed)):
+            if kind is None:
+                raise UsageError(f"{path} vanished from {text} while it was read; run the command again")
+            entries[path] = entry_for(path, kind, changed[path].mode, data)
+            blobs.append(data)
+    # Base files outside the tracked paths the folder stands for are kept as they are.
+    for path, entry in base.manifest.entries.items():
+        if not _within(path, tree.tracked):
+            entries.setdefault(path, entry)
+    return Manifest(entries), blobs
 
 
 def recorded_mode(st_mode: int, known: Entry | None, umask: int) -> int:

@@ -9,12 +9,25 @@ from snapver.errors import UsageError
 NODES = "refs/heads/nodes/"
 PATCHES = "refs/heads/patches/"
 PUSHES = "refs/heads/pushes/"
+# Imported snapshots older than their node's newest: one ref each, beside the node's branch.
+IMPORTS = "refs/heads/imports/"
 TAGS = "refs/tags/"
 
 
 def node_ref(node: str) -> str:
     """The branch holding a node's snapshot history, newest at its tip."""
     return NODES + node
+
+
+def import_ref(node: str, commit: str) -> str:
+    """The ref keeping an imported snapshot that is older than its node's newest one.
+
+    Such a snapshot is a commit whose parent is the node's snapshot just before its
+    date (so it sits in date order), kept by this ref rather than the node's branch, so
+    the branch head (``NODE@latest``) stays the newest snapshot. Date resolution and
+    ``log`` read a node's history from its branch and these refs.
+    """
+    return f"{IMPORTS}{node}/{commit}"
 
 
 def patch_ref(name: str) -> str:

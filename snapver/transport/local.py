@@ -1,12 +1,19 @@
-"""A node that is a folder on this machine: the agent runs as a local subprocess."""
+"""A node that is a folder on this machine: the agent runs as a local subprocess.
+
+``FolderTransport`` reads any folder as a node's tree (a folder given as a ref): the same
+agent lists the folder, and its paths are renamed to the tracked paths it stands for.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any, Callable, Iterator
 
+from snapver.config import NodeSpec
 from snapver.errors import TransportError
-from snapver.transport.base import RawChannel, Transport, agent_command
+from snapver.model import StatEntry
+from snapver.transport.base import Listing, RawChannel, Transport, agent_command
 
 
 class LocalTransport(Transport):
@@ -37,3 +44,55 @@ class LocalTransport(Transport):
             return stderr.decode("utf-8", "replace")
 
         return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
+
+
+class FolderTransport(LocalTransport):
+    """A local folder as a live tree: the agent walks ``spec.paths`` (folders below
+    ``spec.site_packages``), and every path it names is reported as the tracked path the
+    folder stands for (``roots``: ``(disk, tracked)`` pairs), and asked back that way."""
+
+    def __init__(self, spec: NodeSpec, roots: tuple[tuple[str, str], ...]) -> None:
+        super().__init__(spec)
+        self.roots = roots
+
+    def _rename(self, path: str, pairs: Any) -> str:
+        for old, new in pairs:
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+
+    def _to_tracked(self, path: str) -> str:
+        return self._rename(path, self.roots)
+
+    def _to_disk(self, path: str) -> str:
+        return self._rename(path, [(tracked, disk) for disk, tracked in self.roots])
+
+    def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                        want_oids: bool = True) -> Callable[[], Listing]:
+        # No stat cache: a folder is listed in full, hashed, each time.
+        wait = super().request_listing(None, 0, want_oids)
+
+        def renamed() -> Listing:
+            listing = wait()
+            entries = [entry._replace(path=self._to_tracked(entry.path)) for entry in listing.entries]
+            return Listing(listing.now_ns, entries, listing.hashed)
+
+        return renamed
+
+    def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
+        for path, kind, data in super().read_files([self._to_disk(p) for p in paths], compress_level):
+            yield self._to_tracked(path), kind, data
+
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[
+            tuple[str, str | None, bytes]]]:
+        stream = super().request_listed_files(compress_level)
+
+        def renamed(paths: list[str]) -> Iterator[tuple[str, str | None, bytes]]:
+            for path, kind, data in stream([self._to_disk(p) for p in paths]):
+                yield self._to_tracked(path), kind, data
+
+        return renamed
+
+    def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
+        hashes = super().hash_files([self._to_disk(p) for p in paths], algo)
+        return {self._to_tracked(path): digest for path, digest in hashes.items()}

@@ -1,0 +1,176 @@
+"""import: record a local folder (an old copy of ``srt``, an archive) as a dated snapshot.
+
+The folder is matched to the tracked paths as a folder ref is (``refs.resolve_folder``)
+and read by the local agent (``FolderTransport``), exactly as ``diff ./folder`` reads it:
+links are recorded as links, never followed. The snapshot is dated ``--date`` (default:
+the newest mtime of its files) and its metadata carries ``"event": "import"``.
+
+Where it goes, so that ``NODE@DATE``, ``DATE``, ``log``, ``show`` and ``tag`` find it:
+
+- newer than the node's newest snapshot (or the node has none): on the node's branch,
+  as a pull would put it;
+- older: a commit whose parent is the node's snapshot just before that date, kept by
+  ``refs/heads/imports/NODE/<id>`` (``store/refs.py`` ``import_ref``) rather than the
+  branch, so the branch head — ``NODE@latest`` — stays the newest pull. Date resolution
+  and ``log`` read a node's history from its branch and those refs, by commit date.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import blake3
+
+from snapver.config import Config
+from snapver.errors import RefError, UsageError
+from snapver.model import Entry, Manifest
+from snapver.ops.pull import count_changes
+from snapver.ops.tag import check_tag_name
+from snapver.refs import FolderTree, resolve_folder, tracked_paths
+from snapver.store import refs
+from snapver.store.repo import Store, blob_oid, format_message
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
+DATE_FORM = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
+
+
+@dataclass
+class ImportResult:
+    """What `import` recorded."""
+
+    node: str
+    commit: str
+    time: datetime
+    dated_by: str  # "--date", or the file whose mtime gave the date
+    folder: FolderTree
+    files: int
+    changed: int
+    parent: str | None
+    head: str | None  # the node's newest snapshot after the import
+    ref: str  # the ref that keeps it: the node's branch, or its own import ref
+    tag: str | None = None
+
+    @property
+    def is_newest(self) -> bool:
+        return self.head == self.commit
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "commit": self.commit, "time": self.time.isoformat(),
+                "dated_by": self.dated_by, "folder": self.folder.to_json(), "files": self.files,
+                "changed": self.changed, "parent": self.parent, "head": self.head, "ref": self.ref,
+                "newest": self.is_newest, "tag": self.tag, "exit_code": 0}
+
+
+def parse_import_date(text: str, now: datetime | None = None) -> datetime:
+    """``--date`` as an aware local moment (a day alone: its start); exit 2 when it is not
+    a date of that form, or is in the future."""
+    now = now or datetime.now(timezone.utc)
+    try:
+        if not _DATE.match(text.strip()):
+            raise ValueError(text)
+        moment = datetime.fromisoformat(text.strip()).astimezone()
+    except (ValueError, OverflowError):
+        raise UsageError(f"--date {text!r} is not a date", hint=f"say {DATE_FORM}") from None
+    if moment > now:
+        raise UsageError(f"--date {text!r} is in the future", hint="an import records a copy that already existed")
+    return moment
+
+
+def _check_node_name(config: Config, node: str) -> None:
+    if node in config.nodes:
+        return
+    if node in config.groups:
+        raise UsageError(f"{node!r} is a group; an import is a snapshot of one node")
+    if not (refs.valid_ref_name(node) and all(ch.isalnum() or ch in "._-" for ch in node)):
+        raise UsageError(f"invalid node name {node!r}", hint="letters, digits, '.', '_' or '-'")
+
+
+def import_folder(store: Store, config: Config, folder_text: str, node: str, date: str | None = None,
+                  tag: str | None = None, message: str = "", root: str | None = None) -> ImportResult:
+    """Record the folder ``folder_text`` as a snapshot of ``node`` (see the module's docstring).
+
+    Everything is checked (node name, date, tag, folder) before anything is written.
+    """
+    _check_node_name(config, node)
+    moment = parse_import_date(date) if date is not None else None
+    if tag is not None:
+        check_tag_name(tag)
+        if existing := store.ref(refs.tag_ref(tag)):
+            raise RefError(f"tag {tag!r} already names {existing[:10]}", hint="pick another name for --tag")
+    head = store.ref(refs.node_ref(node))
+    if node in config.nodes:
+        tracked = config.nodes[node].paths
+    elif head is not None:
+        tracked = tuple(store.commit(head).meta.get("paths") or tracked_paths(config))
+    else:
+        tracked = tracked_paths(config)
+    folder = resolve_folder(folder_text, config, store, root, tracked)
+
+    from snapver.transport.local import FolderTransport
+
+    with FolderTransport(folder.spec(), folder.roots) as transport:
+        listing = transport.list_tree()
+        if not listing.entries:
+            raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})")
+        listed = listing.by_path()
+        contents: dict[str, tuple[str, bytes]] = {}
+        for path, kind, data in transport.read_files(list(listed)):
+            if kind is None:
+                raise UsageError(f"{path} vanished from {folder_text} while it was read; run the import again")
+            contents[path] = (kind, data)
+        dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
+    dated_by = "--date"
+    if moment is None:
+        newest = max(listing.entries, key=lambda e: e.mtime_ns)
+        stamp = min(newest.mtime_ns / 1e9, datetime.now(timezone.utc).timestamp())
+        moment = datetime.fromtimestamp(int(stamp), timezone.utc).astimezone()
+        dated_by = f"the newest file's mtime ({newest.path})"
+
+    entries = []
+    blobs: dict[str, bytes] = {}
+    for path, (kind, data) in contents.items():
+        oid = blob_oid(data)
+        blobs[oid] = data
+        entries.append(Entry(path, kind, listed[path].mode, len(data), blake3.blake3(data).hexdigest(), oid))
+    manifest = Manifest.of(entries)
+
+    with store.lock():
+        head = store.ref(refs.node_ref(node))
+        history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
+        newest = not history or moment >= history[0].time
+        parent = head if newest else next((c.id for c in history if c.time <= moment), None)
+        changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
+        meta: dict[str, Any] = {
+            "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
+            "source": str(folder.path), "layout": folder.layout, "site_packages": folder.site,
+            "time": moment.isoformat(timespec="seconds"),
+            "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "paths": list(folder.tracked), "dists": dists, "files": len(manifest), "changed": changed,
+            "bytes": manifest.total_size(),
+        }
+        if message:
+            meta["message"] = message
+        subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
+        scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
+        target = refs.node_ref(node) if newest else scratch
+        missing = set(blobs) - store.existing(blobs)
+        with store.importer() as importer:
+            for oid in sorted(missing):
+                importer.add_blob(blobs[oid], oid)
+            mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
+        commit = importer.results[mark]
+        ref = target
+        if not newest:
+            ref = refs.import_ref(node, commit)
+            try:
+                store.update_ref(ref, commit)
+            finally:
+                store.delete_ref(scratch)
+        if tag is not None:
+            store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
+        head = store.ref(refs.node_ref(node))
+    return ImportResult(node, commit, moment, dated_by, folder, len(manifest), changed, parent, head, ref, tag)

@@ -1,0 +1,193 @@
+"""snapver import DIR --node NAME [--date] [--tag] [-m] (issue 13, point 4).
+
+The story's May 22 copy of ct200's srt is recorded as a snapshot dated 2026-05-22 and
+found by ``ct200@may22`` and ``may22``; the store is read back with the git command
+line, and file content checked against ``git hash-object`` of the folder's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from snapver_inproc import run_inproc
+
+WORKER = "sglang/srt/speculative/dflash_worker.py"
+WORKER_TEXT = "class DFlashWorker:\n    graph_bs = [1, 2, 4, 8]\n"
+FIXED_TEXT = WORKER_TEXT + "    # may22: capture the cuda graph after warm-up\n"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(Path.cwd() / "snapshots"), *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def refs_now() -> str:
+    return git("for-each-ref", "--format=%(refname) %(objectname)")
+
+
+def hash_object(path: Path) -> str:
+    return subprocess.run(["git", "hash-object", str(path)], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def linked_copy(source: Path, target: Path) -> None:
+    """A copy of a tree made of hard links (fast); ``rewrite`` changes one file of it."""
+    shutil.copytree(source, target, symlinks=True, copy_function=os.link)
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Replace a file's content without touching the other names of its inode."""
+    if path.exists():
+        path.unlink()
+    path.write_text(text)
+
+
+@pytest.fixture
+def story(make_site_packages, sglang_site_template, ssh_node, write_config) -> dict:
+    """Node ct200 (sshd), pulled once today; ``remote_sglang_snapshot/`` holds its srt as of
+    May 22: the same tree but dflash_worker.py, which was different then."""
+    site = make_site_packages("ct200", sglang_site_template, {WORKER: WORKER_TEXT})
+    write_config({"ct200": ssh_node("ct200", site)})
+    folder = Path.cwd() / "remote_sglang_snapshot"
+    linked_copy(site / "sglang" / "srt", folder)
+    rewrite(folder / "speculative" / "dflash_worker.py", FIXED_TEXT)
+    pulled = run_inproc("pull", "ct200")
+    assert pulled.code == 0, pulled.err
+    return {"site": site, "folder": folder, "pull": git("rev-parse", "refs/heads/nodes/ct200").strip()}
+
+
+def test_story_import_dated_may22_is_found_by_node_at_may22_and_by_its_tag(story: dict) -> None:
+    result = run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-05-22",
+                        "--tag", "may22", "-m", "May 22 copy, before the cuda-graph fix")
+    assert result.code == 0, result.err
+    assert "ct200: imported snapshot" in result.out and "dated 2026-05-22 00:00 (--date)" in result.out
+    assert "./remote_sglang_snapshot/ = sglang/srt/ (the inside of sglang/srt" in result.err
+    imported = git("rev-parse", "refs/tags/may22").strip()
+    # The node's branch did not move: ct200@latest is still today's pull.
+    assert git("rev-parse", "refs/heads/nodes/ct200").strip() == story["pull"]
+    assert f"ct200@latest stays {story['pull'][:10]}" in result.out
+    # A real snapshot: dated May 22, metadata event import, the folder's bytes in its tree.
+    assert git("log", "-1", "--format=%ad", "--date=format-local:%Y-%m-%d %H:%M", imported).strip() == \
+        "2026-05-22 00:00"
+    body = git("log", "-1", "--format=%B", imported)
+    meta = json.loads(body.split("snapver-meta: ", 1)[1])
+    assert (meta["event"], meta["node"], meta["kind"], meta["message"]) == (
+        "import", "ct200", "snapshot", "May 22 copy, before the cuda-graph fix")
+    assert git("rev-parse", f"{imported}:{WORKER}").strip() == \
+        hash_object(story["folder"] / "speculative" / "dflash_worker.py")
+    # Found by node@date (its day and after, until the next snapshot), by the tag and by id.
+    for ref in ("ct200@may22", "ct200@2026-05-22", "ct200@2026-06-30", "may22", imported[:8]):
+        shown = run_inproc("show", "--json", ref)
+        assert shown.code == 0, (ref, shown.err)
+        assert json.loads(shown.out)["id"] == imported, ref
+    assert run_inproc("show", "ct200@2026-05-21").code == 2
+    for args in (("ct200@may22", "ct200"), ("may22", "ct200")):
+        diffed = run_inproc("diff", "--name-status", *args)
+        assert (diffed.code, diffed.out) == (1, f"M\t{WORKER}\n"), (args, diffed.err)
+    assert run_inproc("show", "ct200@latest", WORKER).out == WORKER_TEXT
+    assert run_inproc("show", "ct200@may22", WORKER).out == FIXED_TEXT
+    # log lists it in date order; tag names it.
+    logged = json.loads(run_inproc("log", "--json", "ct200").out)["snapshots"]
+    assert [s["id"] for s in logged] == [story["pull"], imported]
+    assert run_inproc("tag", "known-good", "ct200@may22").code == 0
+    assert git("rev-parse", "refs/tags/known-good").strip() == imported
+
+
+def test_bare_date_finds_an_import_without_a_tag(story: dict) -> None:
+    assert run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-05-22T09:30").code == 0
+    shown = run_inproc("show", "--json", "may22")
+    assert shown.code == 0, shown.err
+    document = json.loads(shown.out)
+    assert document["meta"]["event"] == "import"
+    assert datetime.fromisoformat(document["time"]).strftime("%Y-%m-%d %H:%M") == "2026-05-22 09:30"
+
+
+def test_imports_take_their_place_in_date_order(story: dict) -> None:
+    worker = story["folder"] / "speculative" / "dflash_worker.py"
+    assert run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-05-22").code == 0
+    worker.write_text(FIXED_TEXT + "    # june 1\n")
+    assert run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-06-01").code == 0
+    june_text = run_inproc("show", "ct200@2026-06-02", WORKER)
+    assert june_text.out == FIXED_TEXT + "    # june 1\n"
+    assert run_inproc("show", "ct200@2026-05-31", WORKER).out == FIXED_TEXT
+    assert run_inproc("show", "ct200@latest", WORKER).out == WORKER_TEXT
+    assert git("rev-parse", "refs/heads/nodes/ct200").strip() == story["pull"]
+    # Each older import is kept by a ref of its own beside the branch, the June one on the May one.
+    kept = git("for-each-ref", "--format=%(objectname)", "refs/heads/imports/ct200/").split()
+    assert len(kept) == 2
+    june = json.loads(run_inproc("show", "--json", "ct200@2026-06-02").out)["id"]
+    may = json.loads(run_inproc("show", "--json", "ct200@2026-05-31").out)["id"]
+    assert git("rev-parse", f"{june}^").strip() == may
+    logged = [s["id"] for s in json.loads(run_inproc("log", "--json").out)["snapshots"]]
+    assert logged == [story["pull"], june, may]
+
+
+def test_import_newer_than_the_head_moves_it_and_a_new_name_is_an_archive(story: dict) -> None:
+    # Dated by its files: the newest mtime, said so.
+    when = datetime(2026, 3, 1, 12, 0).timestamp()
+    for root, _, files in os.walk(story["folder"]):
+        for name in files:
+            os.utime(os.path.join(root, name), (when, when))
+    archived = run_inproc("import", "./remote_sglang_snapshot", "--node", "archive")
+    assert archived.code == 0, archived.err
+    assert "dated 2026-03-01 12:00 (the newest file's mtime" in archived.out
+    head = git("rev-parse", "refs/heads/nodes/archive").strip()
+    assert run_inproc("show", "--json", "archive@latest").out and \
+        json.loads(run_inproc("show", "--json", "archive@latest").out)["id"] == head
+    assert not git("for-each-ref", "refs/heads/imports/")
+    # An import newer than the node's newest snapshot becomes its newest, on its branch.
+    (story["folder"] / "speculative" / "dflash_worker.py").write_text(FIXED_TEXT + "    # april\n")
+    newer = run_inproc("import", "./remote_sglang_snapshot", "--node", "archive", "--date", "2026-04-01")
+    assert newer.code == 0, newer.err
+    tip = git("rev-parse", "refs/heads/nodes/archive").strip()
+    assert tip != head and git("rev-parse", f"{tip}^").strip() == head
+    assert run_inproc("show", "archive@latest", WORKER).out == FIXED_TEXT + "    # april\n"
+    assert not git("for-each-ref", "refs/heads/imports/")
+
+
+def test_bad_input_exits_2_and_writes_nothing(story: dict, tmp_path: Path) -> None:
+    (tmp_path / "nothing-tracked").mkdir()
+    (tmp_path / "nothing-tracked" / "README").write_text("no python\n")
+    assert run_inproc("tag", "taken", "ct200").code == 0
+    before = refs_now()
+    folder = "./remote_sglang_snapshot"
+    cases = [
+        ((folder, "--node", "ct200", "--date", "2099-01-01"), "--date '2099-01-01' is in the future"),
+        ((folder, "--node", "ct200", "--date", "yesterday"), "--date 'yesterday' is not a date"),
+        ((folder, "--node", "ct200", "--date", "2026-13-01"), "--date '2026-13-01' is not a date"),
+        (("./missing", "--node", "ct200"), "no such folder: ./missing"),
+        ((str(tmp_path / "nothing-tracked"), "--node", "ct200"), "holds none of the tracked paths"),
+        ((folder, "--node", "bad name"), "invalid node name 'bad name'"),
+        ((folder, "--node", "ct200", "--date", "2026-05-22", "--tag", "taken"), "tag 'taken' already names"),
+    ]
+    for args, message in cases:
+        result = run_inproc("import", *args)
+        assert result.code == 2, (args, result.out, result.err)
+        assert message in result.err, result.err
+        assert result.err.count("snapver: error:") == 1
+    assert refs_now() == before
+    assert not list((Path.cwd() / "snapshots").glob("snapver/scratch*"))
+
+
+def test_a_symlink_pointing_outside_is_recorded_as_a_link(story: dict) -> None:
+    secret = Path.cwd() / "secret.txt"
+    secret.write_text("never in the store\n")
+    (story["folder"] / "speculative" / "outside.py").symlink_to(secret)
+    (story["folder"] / "up").symlink_to("../..")
+    result = run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-05-22")
+    assert result.code == 0, result.err
+    commit = json.loads(run_inproc("show", "--json", "ct200@may22").out)["id"]
+    listing = git("ls-tree", commit, "sglang/srt/speculative/outside.py", "sglang/srt/up")
+    modes = {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()}
+    assert modes == {"sglang/srt/speculative/outside.py": "120000", "sglang/srt/up": "120000"}
+    assert git("cat-file", "-p", f"{commit}:sglang/srt/speculative/outside.py") == str(secret)
+    assert git("cat-file", "-p", f"{commit}:sglang/srt/up") == "../.."
+    # Nothing behind the links was read: no tree under up/, no blob of the secret.
+    assert not git("ls-tree", "-r", commit, "sglang/srt/up/")
+    assert hash_object(secret) not in git("ls-tree", "-r", commit)
