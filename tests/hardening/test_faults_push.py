@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import (CuttingProxy, all_refs, assert_store_sound, kill_sessions_once, snapshot_blob_ids,
-                      sshd_session_pids, start_snapver, wait_for)
+                      run_process, sshd_session_pids, start_snapver, wait_for)
 
 SRT = "sglang/srt"
 A, BIG, Z = f"{SRT}/a.py", f"{SRT}/big.bin", f"{SRT}/z.py"
@@ -191,3 +191,27 @@ def test_store_disk_full_refuses_the_push_before_any_write(small_disk, node, loc
     result = run_snapver("push", "fix", "n", "--yes")
     assert result.code == 0, str(result)
     assert (node / A).read_bytes() == NEW[A]
+
+
+def test_store_full_after_the_node_was_written_names_the_node(small_disk, node, local_node, write_config,
+                                                             tmp_path) -> None:
+    """The store's disk fills up while the node is being written (a racer fills it during the
+    pause after the write): the push cannot record its outcome — it says so, names the node it
+    wrote and how to undo it (exit 4), and with room again that rollback works."""
+    store = small_disk / "snapshots"
+    write_config({"n": local_node(node)}, store=str(store))
+    assert run_process("pull", "n").code == 0
+    diff = tmp_path / "fix.diff"
+    diff.write_text(f"--- a/{A}\n+++ b/{A}\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
+    assert run_process("patch", "import", "fix", str(diff), "--base", "n").code == 0
+    push = start_snapver("push", "fix", "n", "--yes", env={"SNAPVER_TEST_PAUSE_AFTER_WRITE": "2"})
+    wait_for(lambda: push.poll() is not None or (node / A).read_bytes() == NEW[A], 60, "the node to be written")
+    filler = small_disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until ENOSPC
+    out, err = push.communicate(timeout=60)
+    assert push.returncode == 4, err.decode()
+    assert "n was written" in err.decode() and "snapver rollback n" in err.decode(), err.decode()
+    filler.unlink()
+    result = run_process("rollback", "n", "--yes")
+    assert result.code == 0, str(result)
+    assert (node / A).read_bytes() == OLD[A]
