@@ -481,8 +481,7 @@ def walk(tree, tracked_paths, patterns):
     for tracked in tracked_paths:
         root_fd = open_tracked_root(tree, tracked)
         try:
-            for item in _walk_folder(tree, root_fd, tracked.strip("/"), excluded):
-                yield item
+            yield from _walk_folder(tree, root_fd, tracked.strip("/"), excluded)
         finally:
             os.close(root_fd)
 
@@ -514,8 +513,7 @@ def _walk_folder(tree, fd, reldir, excluded):
         except OSError:  # no longer a folder (a symlink now): never followed
             raise AgentError("%s: changed while listed (a folder swapped for a link?)" % tree.full(rel), "remote")
         try:
-            for item in _walk_folder(tree, child, rel, excluded):
-                yield item
+            yield from _walk_folder(tree, child, rel, excluded)  # delegated in C, not re-yielded per level
         finally:
             os.close(child)
 
