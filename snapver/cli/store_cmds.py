@@ -13,14 +13,17 @@ from snapver.cli.render import console, emit_json, escape, human_bytes, print_ta
 
 
 @app.command()
-def init() -> int:
-    """Create `.snapver` (from the example) and an empty store here."""
+def init(
+    local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
+) -> int:
+    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local."""
     from snapver.ops.init import init as run_init
 
-    result = run_init(Path.cwd())
+    result = run_init(Path.cwd(), local=local)
     out = console()
     if result.config_created:
-        out.print(f"wrote {escape(str(result.config_path))} (edit it to add your nodes)")
+        out.print(f"wrote {escape(str(result.config_path))} "
+                  + ("(node `local`: this Python's site-packages)" if local else "(edit it to add your nodes)"))
     else:
         out.print(f"kept the existing {escape(str(result.config_path))}")
     out.print(f"store ready at {escape(str(result.store_path))}")
