@@ -15,14 +15,18 @@ unchanged fleet is compared without reading its files again. Nothing else is wri
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
-from snapver.model import ADDED, DELETED, MODIFIED, Change, Entry, Manifest, compare_manifests
+from snapver.model import ADDED, DELETED, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
@@ -125,6 +129,7 @@ class NodeStatus:
     live: Manifest | None = field(default=None, repr=False)
     transport: Transport | None = field(default=None, repr=False)
     record: dict[str, RecordEntry] | None = field(default=None, repr=False)
+    record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
 
     @property
     def drifted(self) -> bool:
@@ -206,9 +211,9 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             for algo, oids in _unknown_blobs(rows, digests).items():
                 digests.learn_from_store(algo, oids)
             fallbacks = {} if reference is not None else _fallbacks(
-                store, tags, [r for r in rows if r.live is not None and r.record is None])
-            list(pool.map(lambda row: _judge_node(row, reference or fallbacks.get(row.node), patches, digests),
-                          rows))
+                store, tags, [r for r in rows if r.live is not None and r.record is None and r.record_differing is None])
+            list(pool.map(lambda row: _judge_node(row, reference or fallbacks.get(row.node), patches, digests,
+                                                  store), rows))
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -217,16 +222,11 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
 
 def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
                checksum: bool, want_record: bool) -> None:
-    """Connect, ask for the listing (and the RECORD), read the store meanwhile."""
+    """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
+    snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
         row.transport = open_transport(spec).start()
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum)
-        record: Callable[[], Any] | None = None
-        if want_record:
-            try:
-                record = request_record(row.transport)
-            except RemotePathError as exc:  # no distribution owns the tree
-                row.fallback = exc.message
         # The store is read while the node starts up and lists.
         snapshot_manifest = None
         if store is not None:
@@ -236,18 +236,23 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
                 row.tags = sorted(tags.get(row.snapshot, []))
                 snapshot_manifest = store.manifest(row.snapshot)
             row.push = last_push(store, spec.name)
-        assert row.transport.info is not None
+        info = row.transport.info
+        assert info is not None
         row.reachable = True
-        row.dist = row.transport.info.dist_summary()
+        row.dist = info.dist_summary()
         row.live = live_manifest(listing())
         row.files = len(row.live)
-        if record is not None:
-            try:
-                row.record = record()[0]
-            except RemotePathError as exc:  # a dist-info without RECORD
-                row.fallback = exc.message
         if snapshot_manifest is not None:
             row.drift = [DriftedFile(c.path, c.status, "") for c in compare_manifests(snapshot_manifest, row.live)]
+        if not want_record:
+            return
+        if store is not None and row.snapshot and row.drift == [] and not checksum:
+            row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
+        if row.record_differing is None:
+            try:
+                row.record = request_record(row.transport)()[0]
+            except RemotePathError as exc:  # no distribution owns the tree, or it has no RECORD
+                row.fallback = exc.message
     except SnapverError as exc:
         row.error = exc
         # A missing or unreadable path is the node answering: it is reachable.
@@ -261,36 +266,47 @@ def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str,
     for row in rows:
         if row.record is None or row.live is None:
             continue
+        live = row.live.entries
+        known: dict[str, dict[str, str]] = {}
         for path, entry in row.record.items():
-            live = row.live.get(path)
-            if live is not None and entry.digest and entry.algo and live.oid not in digests.known(entry.algo):
-                wanted.setdefault(entry.algo, set()).add(live.oid)
+            found = live.get(path)
+            if found is None or not entry.digest or not entry.algo:
+                continue
+            if entry.algo not in known:
+                known[entry.algo] = digests.known(entry.algo)
+            if found.oid not in known[entry.algo]:
+                wanted.setdefault(entry.algo, set()).add(found.oid)
     return wanted
 
 
 def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[KnownPatch],
-                digests: ContentDigests) -> None:
+                digests: ContentDigests, store: Store | None = None) -> None:
     """Hold the live tree against known-good; label what differs, and the drift since the snapshot."""
     if row.live is None:
         return
     try:
         row.patches = patch_states(patches, row.live)
-        if reference is None and row.record is not None:
-            dists = row.transport.info.dists if row.transport is not None and row.transport.info else ()
+        differing: list[tuple[str, str]] | None = None
+        if reference is None and (row.record is not None or row.record_differing is not None):
+            assert row.transport is not None and row.transport.info is not None
+            dists = row.transport.info.dists
             row.known_good = KnownGood("record", ", ".join(f"{d.name} {d.version}" for d in dists) or "RECORD")
-            live_oids = {e.path: e.oid for e in row.live.entries.values()}
-            check = compare_with_record(row.record, live_oids,
-                                        record_hashes(row.record, live_oids, digests, row.transport))
-            statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
-                        **{p: ADDED for p in check.extra}}
-            differing = [(path, statuses[path], row.live.get(path)) for path in check.differing]
+            differing = row.record_differing
+            if differing is None:
+                assert row.record is not None
+                live_oids = {e.path: e.oid for e in row.live.entries.values()}
+                check = compare_with_record(row.record, live_oids,
+                                            record_hashes(row.record, live_oids, digests, row.transport))
+                statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
+                            **{p: ADDED for p in check.extra}}
+                differing = [(path, statuses[path]) for path in check.differing]
+                if store is not None and row.snapshot and row.drift == []:
+                    save_record_check(store, row.transport.spec, row.snapshot, dists, differing)
         elif reference is not None and reference.manifest is not None:
             row.known_good = reference
-            differing = [(c.path, c.status, c.new) for c in compare_manifests(reference.manifest, row.live)]
-        else:
-            differing = None  # nothing known-good to hold it against
+            differing = [(c.path, c.status) for c in compare_manifests(reference.manifest, row.live)]
         if differing is not None:
-            row.off = [_labelled(path, status, live, patches) for path, status, live in differing]
+            row.off = [_labelled(path, status, row.live.get(path), patches) for path, status in differing]
         if row.drift is not None:
             # Each change since the snapshot, labelled by what its live state is.
             off = {item.path: item for item in row.off or []}
@@ -299,6 +315,45 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
                          else DriftedFile(d.path, d.status, pristine) for d in row.drift]
     except SnapverError as exc:
         row.error = exc
+
+
+def _record_check_file(store: Store, node: str) -> Path:
+    return store.path / "snapver" / "record-check" / f"{node}.json"
+
+
+def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
+    return {"snapshot": snapshot, "dists": [[d.name, d.version, d.dist_info] for d in dists],
+            "paths": list(spec.paths), "exclude": list(spec.exclude)}
+
+
+def load_record_check(store: Store, spec: NodeSpec, snapshot: str,
+                      dists: Sequence[DistInfo]) -> list[tuple[str, str]] | None:
+    """How the node's snapshot stood against its RECORD (paths that differ, with M/A/D), if a
+    status worked it out before for this snapshot and these distributions; else None.
+
+    Valid while the live tree is that snapshot: pip writes RECORD with the files, so the
+    same files under the same dist-info mean the same RECORD (``verify`` reads it afresh).
+    """
+    try:
+        data = json.loads(_record_check_file(store, spec.name).read_text())
+        if data.get("key") != _record_check_key(spec, snapshot, dists):
+            return None
+        return [(str(path), str(status)) for path, status in data["differing"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a cache: without it the RECORD is read
+
+
+def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
+                      differing: list[tuple[str, str]]) -> None:
+    """Keep what ``load_record_check`` reads (best effort, written whole then renamed)."""
+    path = _record_check_file(store, spec.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps({"key": _record_check_key(spec, snapshot, dists), "differing": differing}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPatch]) -> DriftedFile:
