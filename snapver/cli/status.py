@@ -189,7 +189,7 @@ def render_matrix(matrix: Any) -> None:
             lines.append("")
         for depth, index in enumerate(block):
             lines.append("".join("| " for _ in range(depth)) + nodes[index])
-        lines.append("".join("| " for _ in block))
+        lines.append("".join("| " for _ in block).rstrip())
         for row in matrix.rows:
             letters = "".join(f"{row.letters[index]} " for index in block)
             lines.append(f"{letters} {row.path}")
@@ -199,7 +199,7 @@ def render_matrix(matrix: Any) -> None:
     for line in lines:
         out.print(escape(line))
     differ = sum(1 for row in matrix.rows if not row.agrees)
-    out.print(f"{differ} file{'s' if differ != 1 else ''} differ across {len(nodes)} nodes"
+    out.print(f"{differ} file{'s differ' if differ != 1 else ' differs'} across {len(nodes)} nodes"
               if differ else f"the {len(matrix.rows)} file(s) named agree on every node")
 
 

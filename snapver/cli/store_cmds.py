@@ -86,15 +86,16 @@ def log(
     if not snapshots:
         out.print("no snapshots yet" + (f" of {escape(node)}" if node else "")
                   + (f" since {escape(since)}" if since else "") + (" (run `snapver pull`)" if not since else ""))
+    width = max((len(s.made_by) for s in snapshots), default=0)
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
-        event = f"[cyan]{escape(s.made_by)}[/cyan]"
+        event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
         if oneline:
             note = f" {escape(s.message)}" if s.message else ""
             out.print(f"[bold]{s.id[:10]}[/bold] {s.time:%Y-%m-%d %H:%M} {escape(s.node)} {event}{tags}{note}")
             continue
         note = f"  {escape(s.message)}" if s.message else ""
-        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} {event:<10}  "
+        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} {event}  "
                   f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
     return 0
 

@@ -191,7 +191,7 @@ def test_fleet_matrix_letters_and_legend(three_nodes: dict) -> None:
     text = run_inproc("--config", config, "status", "--files")
     assert text.code == 1
     lines = text.out.splitlines()
-    assert lines[:4] == ["ct200", "| ct129", "| | fleet00", "| | | "]
+    assert lines[:4] == ["ct200", "| ct129", "| | fleet00", "| | |"]
     assert f"A B C  {RUNNER}" in lines
     assert f"A A -  {DFLASH}" in lines
     legend = lines[lines.index(f"A B C  {RUNNER}") + 1]
@@ -228,7 +228,7 @@ def test_a_wide_fleet_matrix_wraps_node_columns_into_blocks(make_site_packages, 
     lines = result.out.splitlines()
     assert all(len(line) <= 80 for line in lines), lines
     first, second = lines.index("node-with-a-long-name-00"), lines.index("node-with-a-long-name-08")
-    assert lines[first + 8] == "| " * 8 and lines[second + 2] == "| " * 2
+    assert lines[first + 8] == "| " * 7 + "|" and lines[second + 2] == "| |"
     rows = [line for line in lines if line.endswith("sglang/srt/a.py")]
     oid = {i: git_hash(("x = 1\n" if i % 3 else f"x = {i}\n").encode()) for i in range(10)}
     assert rows == ["A B B C B B D B  sglang/srt/a.py", "B E  sglang/srt/a.py"]
