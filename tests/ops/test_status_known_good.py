@@ -234,3 +234,34 @@ def test_a_wide_fleet_matrix_wraps_node_columns_into_blocks(make_site_packages, 
     assert rows == ["A B B C B B D B  sglang/srt/a.py", "B E  sglang/srt/a.py"]
     assert f"A {oid[0][:10]}" in lines[lines.index(rows[0]) + 1]  # no RECORD, no snapshot: blob ids
     assert "b.py" not in result.out  # agrees everywhere
+
+
+def test_an_unchanged_node_reuses_how_its_snapshot_stood_against_its_record(one_node: dict) -> None:
+    """Once worked out for a snapshot, the RECORD comparison is kept in the store: while the
+    node's tree is that snapshot's, status does not read RECORD again (-c reads it afresh)."""
+    site, config, store = one_node["site"], one_node["config"], one_node["store"]
+    with open(site / SERVER_ARGS, "a") as handle:
+        handle.write("# edited by hand\n")
+    assert run_inproc("--config", config, "pull").code == 0
+    code, document = status_json(config)
+    assert code == 1 and document["nodes"][0]["known_good"]["hot_fixed"] == 1
+    kept = json.loads((store / "snapver" / "record-check" / "ct200.json").read_text())
+    head = git(store, "rev-parse", "refs/heads/nodes/ct200").strip()
+    assert kept["key"]["snapshot"] == head and kept["differing"] == [[SERVER_ARGS, "M"]]
+    # RECORD gone: the kept answer stands for the unchanged snapshot...
+    record = site / "sglang-0.5.23.dist-info" / "RECORD"
+    saved = record.read_bytes()
+    record.unlink()
+    code, document = status_json(config)
+    row = document["nodes"][0]
+    assert code == 1 and row["known_good"]["kind"] == "record" and row["known_good"]["hot_fixed"] == 1
+    # ... -c hashes every file and reads RECORD again: none, so the newest snapshot is known-good.
+    code, document = status_json(config, "-c")
+    assert document["nodes"][0]["known_good"]["kind"] == "snapshot"
+    # A change since the snapshot: RECORD is read again.
+    record.write_bytes(saved)
+    with open(site / SERVER_ARGS, "a") as handle:
+        handle.write("# edited again\n")
+    record.unlink()
+    code, document = status_json(config)
+    assert code == 1 and document["nodes"][0]["known_good"]["kind"] == "snapshot"
