@@ -30,8 +30,8 @@ from snapver.model import ADDED, DELETED, MODIFIED, DistInfo, Entry, Manifest, c
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
-from snapver.ops.verify import (ContentDigests, RecordEntry, compare_with_record, record_hashes,
-                                request_record)
+from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
+                                record_paths)
 from snapver.store import refs
 from snapver.store.repo import Store
 from snapver.transport.base import Listing, Transport, open_transport
@@ -204,7 +204,8 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
     rows = [NodeStatus(spec.name, spec.address) for spec in specs]
     with ThreadPoolExecutor(max(1, min(32, len(specs)))) as pool:
         try:
-            list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None),
+            records = SharedRecords()
+            list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records),
                           specs, rows))
             # RECORD hashes of the live blobs not seen before, from the store's copies:
             # once for the whole fleet (its nodes mostly hold the same files).
@@ -221,7 +222,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
 
 
 def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
-               checksum: bool, want_record: bool) -> None:
+               checksum: bool, want_record: bool, records: SharedRecords) -> None:
     """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
@@ -238,20 +239,28 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             row.push = last_push(store, spec.name)
         info = row.transport.info
         assert info is not None
+        # Behind the listing: the RECORDs' sha256, which says whether another node sends the same.
+        record_digests = (row.transport.request("hash", paths=record_paths(info.dists), algo="sha256")
+                          if want_record and info.dists else None)
         row.reachable = True
         row.dist = info.dist_summary()
         row.live = live_manifest(listing())
         row.files = len(row.live)
+        digests = record_digests()["hashes"] if record_digests is not None else None
         if snapshot_manifest is not None:
             row.drift = [DriftedFile(c.path, c.status, "") for c in compare_manifests(snapshot_manifest, row.live)]
         if not want_record:
+            return
+        if digests is None:
+            row.fallback = (f"{spec.name}: no installed distribution (*.dist-info) owns {', '.join(spec.paths)} "
+                            f"in {info.site_packages}")
             return
         if store is not None and row.snapshot and row.drift == [] and not checksum:
             row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
         if row.record_differing is None:
             try:
-                row.record = request_record(row.transport)()[0]
-            except RemotePathError as exc:  # no distribution owns the tree, or it has no RECORD
+                row.record = records.get(row.transport, digests)
+            except RemotePathError as exc:  # no RECORD file
                 row.fallback = exc.message
     except SnapverError as exc:
         row.error = exc
@@ -260,9 +269,9 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         row.live = None
 
 
-def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str, set[str]]:
-    """``{algo: blob ids}`` of live RECORD paths whose RECORD hash is not known yet."""
-    wanted: dict[str, set[str]] = {}
+def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str, dict[str, int]]:
+    """``{algo: {blob id: size}}`` of live RECORD paths whose RECORD hash is not known yet."""
+    wanted: dict[str, dict[str, int]] = {}
     for row in rows:
         if row.record is None or row.live is None:
             continue
@@ -275,7 +284,7 @@ def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str,
             if entry.algo not in known:
                 known[entry.algo] = digests.known(entry.algo)
             if found.oid not in known[entry.algo]:
-                wanted.setdefault(entry.algo, set()).add(found.oid)
+                wanted.setdefault(entry.algo, {})[found.oid] = found.size
     return wanted
 
 

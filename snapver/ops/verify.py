@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, SnapverError
@@ -160,19 +160,56 @@ def request_record(transport: Transport) -> Callable[[], tuple[dict[str, RecordE
     return finish
 
 
+def record_paths(info_dists: Sequence[DistInfo]) -> list[str]:
+    """The RECORD files of the distributions (relative to site-packages)."""
+    return [f"{d.dist_info}/RECORD" for d in info_dists]
+
+
+class SharedRecords:
+    """The RECORDs of one command's nodes, each content read from one node only.
+
+    A node first says its RECORDs' sha256 (cheap: the node hashes ~1 MB); a node whose
+    RECORDs another node already sent, or is sending, gets that parse. A fleet installed
+    from one wheel moves and parses one RECORD, not one per node (16 x 682 kB, all held
+    at once, was ~40 MB of the client's peak).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[Any, threading.Lock] = {}
+        self._found: dict[Any, dict[str, RecordEntry]] = {}
+
+    def get(self, transport: Transport, digests: Mapping[str, str | None]) -> dict[str, RecordEntry]:
+        """The node's tracked RECORD rows, given ``digests``: its RECORD files' sha256 (None: absent)."""
+        spec = transport.spec
+        if not any(digests.values()):
+            assert transport.info is not None
+            raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in transport.info.dists)} "
+                                  "has no RECORD file")
+        key = (tuple(sorted(digests.items())), spec.paths, spec.exclude)
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # the first node with these RECORDs reads them; the others wait for its parse
+            found = self._found.get(key)
+            if found is None:
+                found = self._found[key] = read_record(transport)[0]
+        return found
+
+
 _parsed: dict[tuple[bytes, tuple[str, ...], tuple[str, ...]], dict[str, RecordEntry]] = {}
 _parsed_lock = threading.Lock()
 
 
 def tracked_record(data: bytes, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> dict[str, RecordEntry]:
     """A RECORD's rows for tracked paths. Parsed once per content: the nodes of a fleet
-    send the same RECORD (sglang's: ~680 kB, ~3,000 rows)."""
+    send the same RECORD (sglang 0.5.23's: 682 kB, 5,777 rows)."""
     key = (data, tuple(tracked), tuple(exclude))
+    # Parsed under the lock: 16 nodes sending one RECORD at once would otherwise parse it
+    # 16 times over, at once (a 682 kB RECORD's parse holds ~MBs of rows while it runs).
     with _parsed_lock:
         found = _parsed.get(key)
-    if found is None:
-        found = {entry.path: entry for entry in parse_record(data) if is_tracked(entry.path, tracked, exclude)}
-        with _parsed_lock:
+        if found is None:
+            found = {entry.path: entry for entry in parse_record(data) if is_tracked(entry.path, tracked, exclude)}
             if len(_parsed) >= 8:
                 _parsed.clear()
             _parsed[key] = found
@@ -232,6 +269,9 @@ def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[s
     return hashes
 
 
+WHOLE_BLOB_LIMIT = 1 << 20  # larger blobs are hashed in pieces (client memory stays bounded)
+
+
 class ContentDigests:
     """RECORD-style digests (sha256, …) of file contents by git blob id, kept in the store.
 
@@ -268,15 +308,22 @@ class ContentDigests:
                         found[oid] = digest
             return found
 
-    def learn_from_store(self, algo: str, oids: Collection[str]) -> None:
-        """Hash, from the store, those of ``oids`` it holds and no digest is known for."""
+    def learn_from_store(self, algo: str, sizes: Mapping[str, int]) -> None:
+        """Hash, from the store, those blobs of ``sizes`` (blob id: size) it holds whose digest
+        is not known; small ones through one git process, large ones in pieces."""
         if self.store is None or algo not in hashlib.algorithms_guaranteed:
             return
         known = self.known(algo)
-        wanted = self.store.existing(oid for oid in oids if oid not in known)
+        wanted = self.store.existing(oid for oid in sizes if oid not in known)
         if not wanted:
             return
-        learnt = {oid: hashlib.new(algo, data).hexdigest() for oid, data in self.store.read_blobs(sorted(wanted))}
+        small = sorted(oid for oid in wanted if sizes[oid] <= WHOLE_BLOB_LIMIT)
+        learnt = {oid: hashlib.new(algo, data).hexdigest() for oid, data in self.store.read_blobs(small)}
+        for oid in sorted(wanted - set(small)):
+            digest = hashlib.new(algo)
+            for piece in self.store.blob_chunks(oid):
+                digest.update(piece)
+            learnt[oid] = digest.hexdigest()
         with self._lock:
             known.update(learnt)
             self._fresh.setdefault(algo, {}).update(learnt)

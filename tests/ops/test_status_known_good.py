@@ -40,9 +40,9 @@ def patch_diff(path: str, old: str, new: str) -> str:
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}"))
 
 
-def git(store: Path, *args: str) -> str:
+def git(store: Path, *args: str, input: str | None = None) -> str:
     return subprocess.run(["git", "--git-dir", str(store), *args], capture_output=True, text=True,
-                          check=True).stdout
+                          input=input, check=True).stdout
 
 
 @pytest.fixture
@@ -92,11 +92,15 @@ def test_record_hashes_kept_in_the_store_are_the_contents_sha256(one_node: dict)
     assert code == 0
     lines = (one_node["store"] / "snapver" / "digests-sha256").read_text().splitlines()
     assert len(lines) > 2000  # every tracked file RECORD lists, hashed once from the store
-    for line in lines[::250]:
-        oid, digest = line.split(" ")
+    kept = dict(line.split(" ") for line in lines)
+    sizes = dict(line.split(" ") for line in git(one_node["store"], "cat-file", "--batch-check=%(objectname) %(objectsize)",
+                                                 input="".join(f"{oid}\n" for oid in kept)).splitlines())
+    large = [oid for oid in kept if int(sizes[oid]) > 1 << 20]  # hashed in pieces, never whole
+    assert len(large) >= 3  # the wheel's .so files (the largest: 24 MB)
+    for oid in large + sorted(kept)[::250]:
         content = subprocess.run(["git", "--git-dir", str(one_node["store"]), "cat-file", "blob", oid],
                                  capture_output=True, check=True).stdout
-        assert hashlib.sha256(content).hexdigest() == digest
+        assert hashlib.sha256(content).hexdigest() == kept[oid]
     # A status that finds them all there agrees, and adds nothing.
     assert status_json(one_node["config"])[0] == 0
     assert len((one_node["store"] / "snapver" / "digests-sha256").read_text().splitlines()) == len(lines)
@@ -265,3 +269,24 @@ def test_an_unchanged_node_reuses_how_its_snapshot_stood_against_its_record(one_
     record.unlink()
     code, document = status_json(config)
     assert code == 1 and document["nodes"][0]["known_good"]["kind"] == "snapshot"
+
+
+def test_nodes_with_different_records_are_each_held_against_their_own(make_site_packages, ssh_node,
+                                                                        tmp_path: Path) -> None:
+    """RECORDs are read once per content: a node whose RECORD differs is not judged by another's."""
+    import base64
+
+    def installed(text: str) -> dict[str, str]:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        return {"sglang/srt/a.py": text,
+                "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n",
+                "sglang-0.5.23.dist-info/RECORD": f"sglang/srt/a.py,sha256={digest},{len(text)}\n"}
+
+    sites = {"ct200": make_site_packages("ct200", files=installed("a = 1\n")),
+             "ct129": make_site_packages("ct129", files=installed("a = 2\n")),
+             "fleet00": make_site_packages("fleet00", files=installed("a = 1\n"))}
+    (sites["fleet00"] / "sglang/srt/a.py").write_text("a = 2\n")  # ct129's content, not fleet00's RECORD's
+    config = write_config(tmp_path, {name: ssh_node(name, site) for name, site in sites.items()})
+    code, document = status_json(config)
+    hot = {row["node"]: [f["path"] for f in row["known_good"]["files"]] for row in document["nodes"]}
+    assert hot == {"ct200": [], "ct129": [], "fleet00": ["sglang/srt/a.py"]} and code == 1
