@@ -1,6 +1,14 @@
 """Benchmark: a fleet of 16 identical nodes, `snapver pull --all` vs 16 parallel `rsync -a`.
 
     python3 bench/fleet.py [--runs N] [--json] [--keep]
+    python3 bench/fleet.py --status [--baseline REV] [--runs N]
+
+With ``--status``: the fleet is pulled once (untimed), then `snapver status --json` of
+all 16 nodes is timed (the RECORD comparison of issue 13 included), interleaved with the
+same command run by the snapver of git revision REV (``git archive``, e.g. ``main``):
+the ratio of the medians is issue 13's bar (<= 1.2x). One extra status runs first with
+this tree's snapver (reported apart, once: it reads the 16 RECORDs and hashes the store's
+blobs once) so that the timed ones find the store's caches as any later status does.
 
 One sshd (one config, 16 ListenAddress lines: 127.0.0.10-25, OpenSSH's limit per
 process) serves 16 nodes fleet00..fleet15, each a copy of the real sglang/srt tree
@@ -41,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
 
+REPO = Path(__file__).resolve().parent.parent
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
 WALL_BAR = 2.0
@@ -175,6 +184,57 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
             "load_before": load_before, "load_after": _uptime()}
 
 
+STATUS_BAR = 1.2
+
+
+def bench_status(env: BenchEnv, runs: int, baseline: str | None) -> dict[str, Any]:
+    """`snapver status --json` of 16 unchanged nodes, this tree against ``baseline``'s."""
+    sites = build_fleet(env)
+    project = env.work / "project"
+    env.write_config(project, {node: env.node_table(node, sites[node]) for node in FLEET})
+    snapver_env = {**env.env(), "SNAPVER_AUTO_GC": "0"}
+    trees = {"snapver status x16": snapver_env}
+    if baseline:
+        folder = env.work / "baseline"
+        folder.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline, "snapver"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder / "snapver")], check=True)
+        trees[f"status x16 ({baseline})"] = {**snapver_env, "PYTHONPATH": str(folder)}
+    done, _peak = run_measured([sys.executable, "-m", "snapver", "pull", "--all", "--json"], cwd=project,
+                               env=snapver_env)
+    began = time.perf_counter()
+    _done, cold_peak = run_measured([sys.executable, "-m", "snapver", "status", "--json"], cwd=project,
+                                    env=snapver_env)
+    cold = {"seconds": round(time.perf_counter() - began, 3), "peak_kib": cold_peak}
+    peaks: dict[str, list[int]] = {}
+
+    def case(name: str, env_of: dict[str, str]) -> Case:
+        def body(_round: int) -> None:
+            done, peak = run_measured([sys.executable, "-m", "snapver", "status", "--json"], cwd=project,
+                                      env=env_of, check=False)
+            nodes = json.loads(done.stdout)["nodes"]
+            if done.returncode != 0 or len(nodes) != len(FLEET):
+                raise RuntimeError(f"{name}: exit {done.returncode}: {done.stdout[:2000]!r}")
+            peaks.setdefault(name, []).append(peak)
+
+        return Case(name, run=body)
+
+    timings = interleave([case(name, env_of) for name, env_of in trees.items()], runs)
+    rows = {name: {"median_s": round(median(times), 3), "min_s": round(min(times), 3),
+                   "max_s": round(max(times), 3), "peak_kib": max(peaks[name])} for name, times in timings.items()}
+    summary: dict[str, Any] = {"runs": runs, "baseline": baseline, "rows": rows, "nproc": os.cpu_count(),
+                               "first_status_after_the_pull": cold}
+    if baseline:
+        ratio = timings["snapver status x16"] and median(timings["snapver status x16"]) / median(
+            timings[f"status x16 ({baseline})"])
+        summary["ratio"] = round(ratio, 3)
+        summary["bar"] = f"<= {STATUS_BAR:g}"
+        summary["met"] = ratio <= STATUS_BAR
+    return summary
+
+
 def settle() -> None:
     """Untimed, before each run: write back what earlier runs left dirty (16 rsync copies:
     1.3 GB), so that the kernel's writeback does not compete with the next timed run."""
@@ -258,6 +318,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed rounds (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--status", action="store_true", help="time `snapver status` of the fleet instead")
+    parser.add_argument("--baseline", metavar="REV", help="with --status: also time the snapver of git REV")
     add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:
@@ -267,6 +329,10 @@ def main() -> int:
         config = env.sshd.dir / "sshd_config.0"
         listens = sum(1 for line in config.read_text().splitlines() if line.startswith("ListenAddress "))
         print(f"one sshd, {config.name}: {listens} ListenAddress lines", file=sys.stderr)
+        if args.status:
+            status_summary = bench_status(env, args.runs, args.baseline)
+            print(json.dumps(status_summary, indent=2))
+            return 0
         summary = summarise(bench(env, args.runs))
     summary["seconds"] = round(time.time() - started, 1)
     summary["node_home"] = args.node_home

@@ -33,6 +33,7 @@ run pull                       # nothing changed: no new snapshot
 echo "# hot-fix a file by hand, as on a GPU node"
 echo "# hot-fix: guard graph capture" >> "$site/sglang/srt/speculative/dflash_worker_v2.py"
 run pull -m "after hot-fix"    # only the changed file crosses
+run status || true             # still a hot-fix after that pull: held against the wheel's RECORD (exit 1)
 run log
 run show local@latest
 run fsck

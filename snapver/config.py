@@ -96,6 +96,10 @@ class Config:
 
     def select(self, names: list[str] | tuple[str, ...], all_nodes: bool = False) -> list[NodeSpec]:
         """Expand node and group names (in order, without repeats) to node specs."""
+        if not self.nodes:
+            raise UsageError(f"no nodes in {self.path or 'the config'}",
+                             hint="add a [nodes.NAME] table (the file shows how), "
+                             "or run `snapver init --local` in a new folder for this machine's site-packages")
         if all_nodes or not names:
             if not all_nodes and not names and len(self.nodes) != 1:
                 raise UsageError(

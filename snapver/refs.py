@@ -4,12 +4,14 @@ Forms, in the order they are tried::
 
     NODE@live                 the live node (anywhere)
     NODE@latest               the node's newest snapshot
+    NODE@TAG                  the tag's snapshot if it is NODE's, else NODE's newest snapshot
+                              taken at or before the tag's snapshot (a tag beats a date)
     NODE@DATE                 its newest snapshot taken on or before DATE (local time)
     REF~N                     N snapshots before REF (first parents); ``REF~`` is ``REF~1``
     tags/NAME  patches/NAME  refs/...   a tag, a patch or any ref, named explicitly
     NAME                      a node, a tag or a patch; more than one of them is ambiguous
     DATE                      (naming nothing else) the snapshot taken that day, if one node has one
-    HEX (7 to 40 digits)      (naming nothing else) a snapshot or patch commit
+    HEX (4 to 40 digits)      (naming nothing else) a snapshot or patch commit, as git abbreviates
     ./dir  /dir  ~/dir  a/b   an existing folder: a live local tree (see ``resolve_folder``)
 
 DATE is ISO (``2026-05-22``, or ``2026-05-22T14:30`` after ``@``) or spoken (``may22``,
@@ -33,7 +35,7 @@ from snapver.errors import RefError, StoreError
 from snapver.store import refs as store_refs
 from snapver.store.repo import Commit, Store
 
-_HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
+_HEX = re.compile(r"^[0-9a-fA-F]{4,40}$")  # git's shortest abbreviation: 4
 _TILDE = re.compile(r"^(?P<base>.+?)~(?P<n>\d*)$")
 _ISO_DAY = re.compile(r"^(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})$")
 _SPOKEN_DAY = re.compile(r"^(?P<month>[a-zA-Z]{3,9})[-_ ]?(?P<d>\d{1,2})$")
@@ -214,6 +216,9 @@ class Resolver:
                            hint=f"known nodes: {', '.join(self._known_nodes()) or '(none)'}")
         if at.lower() == "latest":
             return self._newest(node)
+        tagged = self._refs_under(store_refs.TAGS).get(at)
+        if tagged is not None:  # a tag beats a date of the same spelling
+            return self._at_tag(node, at, tagged, text)
         limit = _parse_moment(at)
         if limit is None:
             raise RefError(f"unknown ref {text!r}: after '@' comes live, latest or a date",
@@ -223,6 +228,19 @@ class Resolver:
                 return commit.id
         raise RefError(f"{text!r}: node {node!r} has no snapshot from {at} or before",
                        hint=self._history_hint(node))
+
+    def _at_tag(self, node: str, tag: str, tagged: str, text: str) -> str:
+        """``NODE@TAG``: the tag's snapshot when it is the node's, else the node's newest
+        snapshot taken at or before it (what the node ran when the tag was taken)."""
+        history = self._history(node)
+        tag_commit = self._require_store(text).commit(tagged)
+        if tag_commit.meta.get("node") == node or any(commit.id == tagged for commit in history):
+            return tagged
+        for commit in history:
+            if commit.time <= tag_commit.time:
+                return commit.id
+        raise RefError(f"{text!r}: node {node!r} has no snapshot from before tag {tag!r} "
+                       f"({tag_commit.time.astimezone():%Y-%m-%d %H:%M})", hint=self._history_hint(node))
 
     def _back(self, base: str, steps: int, text: str) -> str:
         start = self.snapshot(base)

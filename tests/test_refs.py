@@ -179,6 +179,38 @@ def test_a_tag_named_like_a_date_wins_over_the_date(world: dict, utc: None) -> N
     assert snap(world, "ct200@may20") == world["ids"]["d1"]
 
 
+def test_node_at_tag_is_the_tags_snapshot_when_it_is_the_nodes_else_the_nodes_at_the_tags_time(
+        world: dict, utc: None) -> None:
+    ids, git_dir = world["ids"], world["config"].store_path
+    # may21 names ct200's May 22 09:00 snapshot; may25 names ct129's of May 21 12:00.
+    _git(git_dir, "update-ref", "refs/tags/may21", ids["d2"])
+    _git(git_dir, "update-ref", "refs/tags/may25", ids["c1"])
+    try:
+        assert snap(world, "ct200@may21") == ids["d2"]  # the date alone: d1 (May 20)
+        assert snap(world, "ct200@may25") == ids["d1"]  # the date alone: d4 (May 25)
+        assert snap(world, "ct129@may21") == ids["c1"]
+        assert snap(world, "ct200@v1") == ids["d2"]  # any tag, not only one spelled like a date
+        _git(git_dir, "update-ref", "refs/tags/apr1", ids["f1"])  # fleet00's, before any of ct129's
+        with pytest.raises(RefError, match="has no snapshot from before tag 'apr1'"):
+            snap(world, "ct129@apr1")
+    finally:
+        _git(git_dir, "update-ref", "-d", "refs/tags/apr1")
+        _git(git_dir, "update-ref", "-d", "refs/tags/may21")
+        _git(git_dir, "update-ref", "-d", "refs/tags/may25")
+
+
+def test_snapshot_ids_from_four_hex_digits(world: dict) -> None:
+    ids = world["ids"]
+    every = _git(world["config"].store_path, "rev-list", "--all").split()
+    unique = [c for c in ids.values() if sum(1 for other in every if other.startswith(c[:4])) == 1]
+    assert unique  # 4 hex digits tell most of a dozen commits apart
+    for commit in unique:
+        assert snap(world, commit[:4]) == commit
+        assert snap(world, commit[:4].upper()) == commit
+    with pytest.raises(RefError, match="unknown ref"):
+        snap(world, unique[0][:3])  # git's shortest abbreviation is 4
+
+
 def test_parse_day_picks_the_latest_such_day_not_in_the_future() -> None:
     today = date(2027, 3, 10)
     assert parse_day("may22", today) == date(2026, 5, 22)
@@ -207,8 +239,7 @@ def test_tag_hex_prefix_and_patch(world: dict) -> None:
     assert snap(world, "dflash-fix") == ids["p1"]
     assert tree(world, "dflash-fix").commit == ids["p1"]
     assert snap(world, "dflash-fix~1") == ids["d4"]  # a patch's first parent: its base
-    with pytest.raises(RefError, match="unknown ref"):
-        snap(world, ids["d2"][:6])  # fewer than 7 hex digits is not an id
+    assert snap(world, ids["d2"][:6]) == ids["d2"]
     with pytest.raises(RefError, match="unknown ref"):
         snap(world, "0000000")
 

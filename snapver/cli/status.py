@@ -1,32 +1,75 @@
-"""`snapver status [NODE|GROUP...]`: parse, call ops.status, render the fleet table."""
+"""`snapver status [NODE|GROUP...] [--files] [--against REF] [-- PATH...]`: parse, call
+ops.status, render the fleet table (or the fleet matrix)."""
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import typer
+
+from typer.core import TyperCommand
 
 from snapver.cli.app import STATE, app
 from snapver.cli.render import console, emit_json, escape, print_error, print_table, show_path
 
+WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
+MATRIX_BLOCK = 8
+PATHS_KEY = "snapver.paths"
 
-@app.command()
+
+class NodesThenPathsCommand(TyperCommand):
+    """Keeps what follows ``--`` apart (paths), as `diff` does (not imported from it: a
+    command loads only its own module)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            split = args.index("--")
+            ctx.meta[PATHS_KEY] = args[split + 1:]
+            args = args[:split]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS]", "[NODE|GROUP]... [-- PATH...]"]
+
+
+@app.command(cls=NodesThenPathsCommand)
 def status(
+    ctx: typer.Context,
     targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
                                         help="Nodes or groups (default: every node)."),
+    files: bool = typer.Option(False, "--files",
+                               help="The fleet matrix: one row per file not the same on every node "
+                               "(or per file named after `--`), a letter per node's content."),
+    against: Optional[str] = typer.Option(None, "--against", metavar="REF",
+                                          help="Known-good code: a snapshot, tag or folder instead of "
+                                          "each node's RECORD."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
 ) -> int:
-    """The fleet at a glance: reachable?, newest snapshot, live drift, patches; exit 1 on drift."""
+    """The fleet at a glance: reachable?, newest snapshot, changes since it, and each node
+    against known-good code (patched, hot-fixed); exit 0 only when all is known and pulled."""
+    from snapver.errors import UsageError
+    from snapver.ops.status import fleet_matrix
     from snapver.ops.status import status as run_status
 
+    paths = ctx.meta.get(PATHS_KEY, [])
+    if paths and not files:
+        raise UsageError("paths after `--` choose the rows of the fleet matrix",
+                         hint="add --files: snapver status --files -- sglang/srt/x.py")
     config = STATE.config()
     specs = config.select(targets or [], all_nodes=not targets)
     store = STATE.store(config) if (config.store_path / "HEAD").exists() else None
-    result = run_status(store, specs, checksum)
+    result = run_status(store, specs, checksum, config=config, against=against)
+    if files:
+        matrix = fleet_matrix(result, paths)
+        if json_out:
+            emit_json(matrix.to_json())
+        else:
+            render_matrix(matrix)
+        return matrix.exit_code
     if json_out:
-        emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
+        emit_json({"nodes": [n.to_json() for n in result.nodes], "against": against, "exit_code": result.exit_code})
         return result.exit_code
     render_status(result)
     return result.exit_code
@@ -34,9 +77,8 @@ def status(
 
 def render_status(result: Any) -> None:
     out = console()
-    print_table(out, ("node", "reachable", "snapshot", "drift", "distribution", "patches"), [
-        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), escape(row.dist or "-"),
-         escape(", ".join(p.name if p.applied else f"{p.name} ({p.matched}/{p.total})" for p in row.patches) or "-"))
+    print_table(out, ("node", "reachable", "snapshot", "since snapshot", "known-good", "state"), [
+        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row))
         for row in result.nodes])
     for row in result.nodes:
         if row.error is not None:
@@ -50,17 +92,27 @@ def render_status(result: Any) -> None:
                           f"run `snapver rollback {escape(row.node)}` to repair it")
             else:
                 out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})")
-        if not row.drift:
-            continue
-        count = len(row.drift)
-        out.print(f"\n{escape(row.node)}: {count} file{'s differ' if count != 1 else ' differs'} "
-                  f"from {row.snapshot[:10] if row.snapshot else '?'}")
-        for item in row.drift:
-            label = {"pristine": "[green]pristine[/green]", "hot-fix": "[red]hot-fix[/red]"}.get(
-                item.label, f"[yellow]patch {escape(', '.join(item.patches))}[/yellow]")
-            out.print(f"  {item.status}  {show_path(item.path)}  {label}")
-        if row.record_missing:
-            out.print(f"  (pristine not checked: {escape(row.record_missing)})")
+        if row.fallback and row.error is None:
+            out.print(f"{escape(row.node)}: {escape(row.fallback)}")
+        if row.drift:
+            count = len(row.drift)
+            out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
+                      f"{row.snapshot[:10] if row.snapshot else '?'}")
+            for item in row.drift:
+                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+        if row.off and row.known_good is not None:
+            out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
+                      f"not as {escape(row.known_good.label)}")
+            for item in row.off:
+                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+
+
+def _label(item: Any) -> str:
+    if item.label == "patch":
+        return f"[yellow]patch {escape(', '.join(item.patches))}[/yellow]"
+    if item.label == "hot-fix":
+        return "[red]hot-fix[/red]"
+    return f"[green]{item.label}[/green]" if item.label else ""
 
 
 def _reachable(row: Any) -> str:
@@ -69,11 +121,19 @@ def _reachable(row: Any) -> str:
     return "[red]no[/red]" if row.error is not None and row.error.exit_code == 3 else "[red]error[/red]"
 
 
+def age(seconds: float) -> str:
+    """``42s``, ``5m``, ``3h``, ``2d``: how long ago, as `ls`-like tools say it."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
 def _snapshot(row: Any) -> str:
     if not row.snapshot:
         return "none (snapver pull)"
     tags = f" ({escape(', '.join(row.tags))})" if row.tags else ""
-    return f"{row.snapshot[:10]} {row.snapshot_time:%Y-%m-%d %H:%M}{tags}"
+    return f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
 
 
 def _drift(row: Any) -> str:
@@ -82,5 +142,85 @@ def _drift(row: Any) -> str:
     if row.drift is None:
         return "-"
     if not row.drift:
-        return "[green]identical[/green]"
+        return "[green]none[/green]"
     return f"[red]{len(row.drift)} file{'s' if len(row.drift) != 1 else ''}[/red]"
+
+
+def _known_good(row: Any) -> str:
+    if row.known_good is None:
+        return "-" if row.error is None else "?"
+    return escape(row.known_good.label)
+
+
+def _state(row: Any) -> str:
+    if row.error is not None:
+        return "?"
+    if row.off is None:
+        return "unknown (no RECORD, tag or snapshot)"
+    if not row.off:
+        return "[green]pristine[/green]"
+    parts = []
+    patched = row.patched
+    if patched:
+        count = sum(1 for item in row.off if item.label == "patch")
+        parts.append(f"[yellow]{count} patched ({escape(', '.join(sorted(patched)))})[/yellow]")
+    if row.hot_fixed:
+        parts.append(f"[red]{len(row.hot_fixed)} hot-fixed[/red]")
+    return ", ".join(parts)
+
+
+# -- the fleet matrix ------------------------------------------------------------------------
+
+def render_matrix(matrix: Any) -> None:
+    """Blocks of up to MATRIX_BLOCK node columns (2 characters each) under a stepped header
+    of node names, the path after them, each row's legend below it: 80 columns hold it."""
+    out = console()
+    nodes = matrix.nodes
+    for row in matrix.status.nodes:
+        if row.error is not None:
+            print_error(row.error)
+    if not matrix.rows:
+        out.print(f"all files agree on {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+        return
+    lines: list[str] = []
+    for start in range(0, len(nodes), MATRIX_BLOCK):
+        block = range(start, min(start + MATRIX_BLOCK, len(nodes)))
+        if start:
+            lines.append("")
+        for depth, index in enumerate(block):
+            lines.append("".join("| " for _ in range(depth)) + nodes[index])
+        lines.append("".join("| " for _ in block).rstrip())
+        for row in matrix.rows:
+            letters = "".join(f"{row.letters[index]} " for index in block)
+            lines.append(f"{letters} {row.path}")
+            used = {row.letters[index] for index in block}
+            legend = [_legend_item(letter, what, oid) for letter, what, oid in row.legend if letter in used]
+            lines.extend(_wrapped(legend, indent=2 * len(block) + 1))
+    for line in lines:
+        out.print(escape(line))
+    differ = sum(1 for row in matrix.rows if not row.agrees)
+    out.print(f"{differ} file{'s differ' if differ != 1 else ' differs'} across {len(nodes)} nodes"
+              if differ else f"the {len(matrix.rows)} file(s) named agree on every node")
+
+
+
+def _legend_item(letter: str, what: str, oid: str) -> str:
+    """``A pristine sglang 0.5.23``, ``B patch fix-b``, ``C hot-fix 1a2b3c4d5e``, ``D 1a2b3c4d5e``."""
+    if what.startswith(("pristine ", "as ", "patch ")):
+        return f"{letter} {what}"
+    return f"{letter} {what} {oid[:10]}" if what else f"{letter} {oid[:10]}"
+
+
+def _wrapped(items: list[str], indent: int) -> list[str]:
+    """``items`` two spaces apart on lines of at most WIDTH columns (an item never split)."""
+    lines: list[str] = []
+    current = ""
+    for item in items:
+        if current and indent + len(current) + 2 + len(item) > WIDTH:
+            lines.append(" " * indent + current)
+            current = item
+        else:
+            current = f"{current}  {item}" if current else item
+    if current:
+        lines.append(" " * indent + current)
+    return lines

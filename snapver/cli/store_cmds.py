@@ -13,14 +13,17 @@ from snapver.cli.render import console, emit_json, escape, human_bytes, print_ta
 
 
 @app.command()
-def init() -> int:
-    """Create `.snapver` (from the example) and an empty store here."""
+def init(
+    local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
+) -> int:
+    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local."""
     from snapver.ops.init import init as run_init
 
-    result = run_init(Path.cwd())
+    result = run_init(Path.cwd(), local=local)
     out = console()
     if result.config_created:
-        out.print(f"wrote {escape(str(result.config_path))} (edit it to add your nodes)")
+        out.print(f"wrote {escape(str(result.config_path))} "
+                  + ("(node `local`: this Python's site-packages)" if local else "(edit it to add your nodes)"))
     else:
         out.print(f"kept the existing {escape(str(result.config_path))}")
     out.print(f"store ready at {escape(str(result.store_path))}")
@@ -62,24 +65,37 @@ def nodes(
 def log(
     node: Optional[str] = typer.Argument(None, help="Only this node's snapshots."),
     limit: Optional[int] = typer.Option(None, "-n", help="At most N snapshots.", min=1),
+    since: Optional[str] = typer.Option(None, "--since", metavar="DATE",
+                                        help="Only snapshots taken on or after DATE (2026-05-22, may22, ISO time)."),
+    oneline: bool = typer.Option(False, "--oneline", help="One short line per snapshot: id, date, node, event."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Snapshots, newest first: id, date, node, files changed, tags, version."""
+    """Snapshots, newest first: id, date, node, what made it (pull, push NAME, rollback,
+    import), files changed, tags, version, message."""
     from snapver.ops.log import log as read_log
+    from snapver.ops.log import parse_since
 
     config = STATE.config()
+    start = parse_since(since) if since is not None else None
     store = STATE.store(config)
-    snapshots = read_log(store, config, node, limit)
+    snapshots = read_log(store, config, node, limit, start)
     if json_out:
         emit_json({"snapshots": [s.to_json() for s in snapshots]})
         return 0
     out = console()
     if not snapshots:
-        out.print("no snapshots yet" + (f" of {escape(node)}" if node else "") + " (run `snapver pull`)")
+        out.print("no snapshots yet" + (f" of {escape(node)}" if node else "")
+                  + (f" since {escape(since)}" if since else "") + (" (run `snapver pull`)" if not since else ""))
+    width = max((len(s.made_by) for s in snapshots), default=0)
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
+        event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
+        if oneline:
+            note = f" {show_path(s.message)}" if s.message else ""
+            out.print(f"[bold]{s.id[:10]}[/bold] {s.time:%Y-%m-%d %H:%M} {escape(s.node)} {event}{tags}{note}")
+            continue
         note = f"  {show_path(s.message)}" if s.message else ""
-        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} "
+        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} {event}  "
                   f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
     return 0
 
@@ -102,15 +118,17 @@ def show(
         return 0
     info = result.snapshot
     if json_out:
-        emit_json({**info.to_json(), "manifest": [
-            {"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size, "blake3": e.digest}
-            for e in result.manifest or []]})
+        emit_json({**info.to_json(), "parent": result.parent,
+                   "changes": None if result.changes is None else result.changes.to_json()["changes"],
+                   "manifest": [{"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size,
+                                 "blake3": e.digest} for e in result.manifest or []]})
         return 0
     out = console()
     meta = info.meta
     out.print(f"snapshot {info.id}")
     out.print(f"node:          {escape(info.node)} ({escape(str(meta.get('host', '')))})")
     out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
+    out.print(f"made by:       {escape(info.made_by)}")
     out.print(f"site-packages: {escape(str(meta.get('site_packages', '')))}")
     out.print(f"python:        {escape(str(meta.get('python', '')))}")
     out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
@@ -120,6 +138,15 @@ def show(
         out.print(f"tags:          {escape(', '.join(info.tags))}")
     if info.message:
         out.print(f"message:       {show_path(info.message)}")
+    if result.changes is None:
+        out.print(f"\nfirst snapshot of {escape(info.node)}: {info.files} files")
+    elif not result.changes.changes:
+        out.print(f"\nno file changed from {result.parent[:10]}")
+    else:
+        from snapver.cli.diff import _stat
+
+        out.print(f"\nchanged from {result.parent[:10]}:")
+        _stat(result.changes)
     return 0
 
 

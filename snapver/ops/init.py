@@ -22,13 +22,24 @@ def example_text() -> str:
     return resources.files("snapver").joinpath("example.toml").read_text(encoding="utf-8")
 
 
-def init(folder: Path) -> InitResult:
-    """Create `.snapver` (unless one is there) and the store it names."""
+# The example's commented-out local node, which ``--local`` writes as a real one.
+LOCAL_NODE = ("# [nodes.local]\n", "# local = true\n", "# site_packages = ")
+
+
+def init(folder: Path, local: bool = False) -> InitResult:
+    """Create `.snapver` (unless one is there) and the store it names.
+
+    It names no node unless asked: ``local`` adds node ``local``, this Python's
+    site-packages (the embedded default's node); else every node example stays a comment.
+    """
     config_path = folder / CONFIG_NAME
     created = False
     if not config_path.exists():
         site_packages = sysconfig.get_paths()["purelib"]
         text = example_text().replace('"SITE_PACKAGES"', '"' + site_packages.replace("\\", "\\\\") + '"')
+        if local:
+            for line in LOCAL_NODE:
+                text = text.replace(line, line[2:], 1)
         config_path.write_text(text, encoding="utf-8")
         created = True
     config = load_config(str(config_path))

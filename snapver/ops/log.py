@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from datetime import datetime
 
 from snapver.config import Config
@@ -26,11 +27,18 @@ class SnapshotInfo:
     dists: tuple[str, ...]
     message: str
     meta: dict
+    event: str = "pull"  # what made it: pull | push | rollback | import (a patch commit: patch)
+    patch: str | None = None  # the patch a push wrote
+
+    @property
+    def made_by(self) -> str:
+        """``pull``, ``push NAME``, ``rollback``, ``import``."""
+        return f"{self.event} {self.patch}" if self.patch and self.event in ("push", "patch") else self.event
 
     def to_json(self) -> dict:
         return {"id": self.id, "time": self.time.isoformat(), "node": self.node, "files": self.files,
                 "changed": self.changed, "tags": list(self.tags), "dists": list(self.dists),
-                "message": self.message, "meta": self.meta}
+                "event": self.event, "patch": self.patch, "message": self.message, "meta": self.meta}
 
 
 def tags_by_commit(store: Store) -> dict[str, list[str]]:
@@ -40,18 +48,57 @@ def tags_by_commit(store: Store) -> dict[str, list[str]]:
     return found
 
 
-def describe(commit: Commit, tags: dict[str, list[str]]) -> SnapshotInfo:
+def push_events(store: Store) -> dict[str, tuple[str, str | None]]:
+    """``{snapshot: (action, patch)}`` for the snapshots push records name as taken after
+    their writes: what made the snapshots of stores written before snapshots said it."""
+    tips = [refs.PUSHES + name for name in store.refs(refs.PUSHES)]
+    found: dict[str, tuple[str, str | None]] = {}
+    for record in store.commits(tips) if tips else []:
+        after = record.meta.get("after")
+        if isinstance(after, str) and after not in found:
+            found[after] = (str(record.meta.get("action", "push")), record.meta.get("patch"))
+    return found
+
+
+def describe(commit: Commit, tags: dict[str, list[str]],
+             pushed: dict[str, tuple[str, str | None]] | None = None) -> SnapshotInfo:
+    """A commit as log and show report it; ``pushed``: see ``push_events``."""
     meta = commit.meta
+    event, patch = meta.get("event"), meta.get("patch")
+    if not isinstance(event, str):
+        if meta.get("kind") == "patch":
+            event, patch = "patch", meta.get("name")
+        else:
+            event, patch = (pushed or {}).get(commit.id, ("pull", None))
     return SnapshotInfo(
         id=commit.id, time=commit.time.astimezone(), node=meta.get("node", "?"),
         files=int(meta.get("files", 0)), changed=int(meta.get("changed", 0)),
         tags=tuple(sorted(tags.get(commit.id, []))),
         dists=tuple(f"{name} {version}" for name, version in meta.get("dists", [])),
-        message=meta.get("message", ""), meta=meta)
+        message=meta.get("message", ""), meta=meta, event=event,
+        patch=patch if isinstance(patch, str) else None)
 
 
-def log(store: Store, config: Config, node: str | None = None, limit: int | None = None) -> list[SnapshotInfo]:
-    """Snapshots newest first, of one node or of all."""
+def parse_since(text: str) -> datetime:
+    """The moment ``log --since`` starts at: a day (``2026-05-22``, ``may22``: its start,
+    local time) or an ISO time. UsageError otherwise."""
+    from datetime import time as day_start
+
+    from snapver.refs import DATE_HINT, parse_day
+
+    day = parse_day(text)
+    if day is not None:
+        return datetime.combine(day, day_start.min).astimezone()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r}: not a date", hint=DATE_HINT + ", or 2026-05-22T14:30") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def log(store: Store, config: Config, node: str | None = None, limit: int | None = None,
+        since: datetime | None = None) -> list[SnapshotInfo]:
+    """Snapshots newest first, of one node or of all (``since``: only those taken then or later)."""
     heads = store.refs(refs.NODES)
     if node is not None:
         if node not in heads:
@@ -66,7 +113,11 @@ def log(store: Store, config: Config, node: str | None = None, limit: int | None
     revs += [refs.IMPORTS + name for name in sorted(store.refs(refs.IMPORTS))
              if node is None or name.startswith(node + "/")]
     tags = tags_by_commit(store)
-    return [describe(c, tags) for c in store.commits(revs, limit=limit)]
+    pushed = push_events(store)
+    commits = store.commits(revs, limit=None if since else limit)
+    if since is not None:
+        commits = [c for c in commits if c.time >= since][:limit]
+    return [describe(c, tags, pushed) for c in commits]
 
 
 @dataclass(frozen=True)
@@ -75,15 +126,23 @@ class ShowResult:
     manifest: Manifest | None = None
     path: str | None = None
     content: bytes | None = None
+    parent: str | None = None
+    changes: Any = None  # DiffResult from the parent (with diffstat numbers), None for a first snapshot
 
 
 def show(store: Store, config: Config, ref: str, path: str | None = None) -> ShowResult:
-    """A snapshot's metadata and manifest, or one file's content in it."""
+    """A snapshot's metadata and manifest and the files changed from its parent, or one
+    file's content in it."""
     commit_id = resolve_snapshot(store, config, ref)
-    info = describe(store.commit(commit_id), tags_by_commit(store))
+    commit = store.commit(commit_id)
+    info = describe(commit, tags_by_commit(store), push_events(store))
     manifest = store.manifest(commit_id)
     if path is None:
-        return ShowResult(info, manifest)
+        from snapver.ops.diff import diff
+
+        parent = commit.parents[0] if commit.parents else None
+        changes = diff(store, config, parent, commit_id, contents=True) if parent else None
+        return ShowResult(info, manifest, parent=parent, changes=changes)
     path = path.strip("/")
     entry = manifest.get(path)
     if entry is None or path == MANIFEST_PATH:

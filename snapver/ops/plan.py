@@ -438,15 +438,18 @@ class NodeRun:
                 "seconds": round(self.seconds, 3)}
 
 
-def _snapshot(store: Store, plans: list[NodePlan]) -> dict[str, str | SnapverError]:
-    """Snapshot the plans' nodes, over the connections they already have open."""
+def _snapshot(store: Store, plans: list[NodePlan],
+              event: dict[str, str] | None = None) -> dict[str, str | SnapverError]:
+    """Snapshot the plans' nodes, over the connections they already have open (``event``:
+    what made the snapshots, see ``pull_locked``)."""
     from snapver.ops.pull import pull_locked
 
     found: dict[str, str | SnapverError] = {}
     opened = {p.node: p.transport for p in plans if p.transport is not None}
     # The content the plans write: its digests are known, no need to read it back.
     written = {s.target.oid: s.target.digest for p in plans for s in p.writes if s.target is not None}
-    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened, known_digests=written).nodes:
+    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened, known_digests=written,
+                              event=event).nodes:
         head = result.snapshot or result.unchanged_since
         found[result.node] = result.error or head or StoreError(f"{result.node}: no snapshot was recorded")
     return found
@@ -551,7 +554,8 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
             for plan in touched:
                 if plan.transport is not None and not plan.transport.is_open:
                     plan.close()  # cut by the interrupt: the snapshot connects again
-            after = _snapshot(store, touched) if touched else {}
+            made_by = {"event": record.action, **({"patch": record.meta["patch"]} if record.meta.get("patch") else {})}
+            after = _snapshot(store, touched, made_by) if touched else {}
         rows = []
         for plan in busy:
             run = runs[plan.node]

@@ -143,12 +143,15 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
                 on_node_done: Callable[[NodePull], None] | None = None,
                 open_transports: dict[str, Transport] | None = None,
-                known_digests: dict[str, str] | None = None) -> PullResult:
+                known_digests: dict[str, str] | None = None,
+                event: dict[str, str] | None = None) -> PullResult:
     """`pull` for a caller that already holds the store lock (push records before/after).
 
     ``open_transports`` are connections the caller already has (by node name): they are
     used instead of new ones and left open. ``known_digests``: blake3 digests by blob id
     of content the caller knows (what a push wrote), not to be read back from the store.
+    ``event``: what made the snapshots, in their metadata (default ``{"event": "pull"}``;
+    a push's: ``{"event": "push", "patch": NAME}``; a rollback's: ``{"event": "rollback"}``).
     """
     borrowed = {name: t for name, t in (open_transports or {}).items() if t is not None and t.is_open}
     results = [NodePull(spec.name, transport=borrowed.get(spec.name)) for spec in specs]
@@ -193,7 +196,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 manifests: SharedManifests = {}
                 for result in (r for r in live if r.ok):
                     try:
-                        mark = _record(store, importer, result, digests, message, manifests)
+                        mark = _record(store, importer, result, digests, message, manifests, event)
                         if mark is not None:
                             marks[result.node] = mark
                     except SnapverError as exc:
@@ -350,7 +353,7 @@ SharedManifests = dict[tuple[tuple[str, str, int, int, str | None], ...], Manife
 
 
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],
-            message: str, manifests: SharedManifests) -> int | None:
+            message: str, manifests: SharedManifests, event: dict[str, str] | None = None) -> int | None:
     """Build the node's manifest; write a snapshot commit unless nothing changed.
 
     ``manifests``: those built so far in this pull, by what they hold; a node whose
@@ -381,7 +384,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
         "site_packages": info.site_packages, "hostname": info.hostname, "python": info.python_version,
         "time": now.isoformat(timespec="seconds"), "paths": list(spec.paths),
         "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
-        "changed": result.changed, "bytes": manifest.total_size(),
+        "changed": result.changed, "bytes": manifest.total_size(), **(event or {"event": "pull"}),
     }
     if message:
         meta["message"] = message

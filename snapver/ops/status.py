@@ -1,30 +1,40 @@
-"""status: the fleet at a glance — per node, reachable?, newest snapshot, live drift, patches.
+"""status: the fleet at a glance — per node, reachable?, newest snapshot, what changed since
+it, and how the live tree stands against known-good code.
 
-Every node is listed on the node itself (every file hashed, in parallel across nodes)
-and compared with its newest snapshot. Each drifted file is then labelled: ``pristine``
-(it equals what the wheel installed, per the distribution's RECORD), ``patch`` (it
-equals what a patch in the store makes it; the patches are named) or ``hot-fix``
-(neither: an unknown hand edit). Nothing is written anywhere.
+Known-good is, per node, the installed distribution's RECORD (what ``pip install``
+wrote), or a ref the user names (``--against``); a node without a RECORD falls back to
+its newest tag, then its newest snapshot, and says so. Every live file that is not as
+known-good is ``patch NAME`` (it equals what a patch in the store makes it) or
+``hot-fix`` (no known source) — whether or not a pull came after the edit.
+
+Every node is listed on the node itself (it re-hashes only files whose stat changed
+since the last pull), in parallel. Its RECORD is compared by blob id: the RECORD
+hashes of contents seen before are kept in the store (``ContentDigests``), so an
+unchanged fleet is compared without reading its files again. Nothing else is written.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from snapver.config import NodeSpec
-from snapver.errors import RemotePathError, SnapverError, StoreError
-from snapver.model import Change, Entry, Manifest, compare_manifests
+from snapver.config import Config, NodeSpec
+from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
+from snapver.model import ADDED, DELETED, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
-from snapver.ops.verify import RecordEntry, hash_like_record, read_record
+from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
+                                record_paths)
 from snapver.store import refs
 from snapver.store.repo import Store
-from snapver.transport.base import Transport
+from snapver.transport.base import Listing, Transport
 from snapver.transport.connect import open_transport
 
 PRISTINE, PATCH, HOTFIX = "pristine", "patch", "hot-fix"
@@ -40,11 +50,40 @@ class KnownPatch:
 
 
 @dataclass(frozen=True)
+class KnownGood:
+    """What a node's live tree is held against: a RECORD, or a snapshot (named by a ref or a tag)."""
+
+    kind: str  # "record" | "ref" | "tag" | "snapshot"
+    name: str  # "sglang 0.5.23", the ref as typed, the tag, or "newest"
+    commit: str | None = None
+    manifest: Manifest | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """How tables name it: ``RECORD sglang 0.5.23``, ``tag may22``, ``snapshot 1a2b3c4d5e``."""
+        if self.kind == "record":
+            return f"RECORD {self.name}"
+        if self.kind == "tag":
+            return f"tag {self.name}"
+        if self.kind == "snapshot":
+            return f"snapshot {str(self.commit)[:10]}"
+        return f"{self.name} ({self.commit[:10]})" if self.commit else self.name
+
+    @property
+    def pristine(self) -> str:
+        """What a file that is as known-good is called in the fleet matrix's legend."""
+        return f"pristine {self.name}" if self.kind == "record" else f"as {self.label}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "commit": self.commit}
+
+
+@dataclass(frozen=True)
 class DriftedFile:
-    """A path whose live state differs from the newest snapshot, and what the live state is."""
+    """A path whose live state differs from a reference tree, and what the live state is."""
 
     path: str
-    status: str  # M/A/D/T, snapshot → live
+    status: str  # M/A/D/T, reference → live
     label: str  # pristine | patch | hot-fix
     patches: tuple[str, ...] = ()
 
@@ -80,106 +119,299 @@ class NodeStatus:
     tags: list[str] = field(default_factory=list)
     dist: str = ""
     files: int = 0
-    drift: list[DriftedFile] | None = None  # None: no snapshot to compare with
+    drift: list[DriftedFile] | None = None  # since the newest snapshot; None: no snapshot
+    known_good: KnownGood | None = None
+    off: list[DriftedFile] | None = None  # files not as known-good; None: nothing to hold it against
+    fallback: str = ""  # why known-good is not the RECORD, when it is not
     patches: list[PatchState] = field(default_factory=list)
-    record_missing: str = ""  # why pristine could not be checked, if it could not
     push: dict[str, Any] | None = None  # the newest push record (see last_push)
     error: SnapverError | None = None
+    # working state, not reported
+    live: Manifest | None = field(default=None, repr=False)
+    transport: Transport | None = field(default=None, repr=False)
+    record: dict[str, RecordEntry] | None = field(default=None, repr=False)
+    record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
 
     @property
     def drifted(self) -> bool:
         return bool(self.drift)
 
     @property
+    def hot_fixed(self) -> list[DriftedFile]:
+        return [f for f in self.off or [] if f.label == HOTFIX]
+
+    @property
+    def patched(self) -> dict[str, int]:
+        """``{patch name: files}`` of the files that are as a known patch makes them."""
+        counts: dict[str, int] = {}
+        for item in self.off or []:
+            for name in item.patches if item.label == PATCH else ():
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    @property
+    def age_seconds(self) -> float | None:
+        if self.snapshot_time is None:
+            return None
+        return max(0.0, (datetime.now(timezone.utc) - self.snapshot_time).total_seconds())
+
+    @property
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        return 1 if self.drifted else 0
+        return 1 if self.drifted or self.hot_fixed else 0
 
     def to_json(self) -> dict[str, Any]:
+        off = self.off
         return {"node": self.node, "address": self.address, "reachable": self.reachable,
                 "snapshot": self.snapshot,
                 "snapshot_time": self.snapshot_time.isoformat() if self.snapshot_time else None,
+                "age_seconds": None if self.age_seconds is None else round(self.age_seconds),
                 "tags": self.tags, "dist": self.dist, "files": self.files,
                 "identical": None if self.drift is None else not self.drift,
+                "since_snapshot": None if self.drift is None else len(self.drift),
                 "drift": None if self.drift is None else [d.to_json() for d in self.drift],
-                "patches": [p.to_json() for p in self.patches], "pristine_unchecked": self.record_missing or None,
+                "known_good": {**self.known_good.to_json(), "fallback": self.fallback or None,
+                               "files": [f.to_json() for f in off or []],
+                               "patched": sum(1 for f in off or [] if f.label == PATCH),
+                               "patched_by": self.patched, "hot_fixed": len(self.hot_fixed)}
+                if self.known_good is not None and off is not None else None,
+                "pristine_unchecked": self.fallback or None,
+                "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None, "exit_code": self.exit_code}
 
 
 @dataclass
 class StatusResult:
     nodes: list[NodeStatus]
+    against: str | None = None
 
     @property
     def exit_code(self) -> int:
         return max((n.exit_code for n in self.nodes), default=0)
 
 
-def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False) -> StatusResult:
+def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, config: Config | None = None,
+           against: str | None = None) -> StatusResult:
     """The status of every node in ``specs``, connected to in parallel.
 
     ``checksum`` hashes every live file instead of trusting stats unchanged since the last pull.
+    ``against`` (a ref, resolved with ``config``) replaces each node's RECORD as known-good.
     """
+    reference = known_good_of(store, config, against) if against is not None else None
     patches = known_patches(store) if store is not None else []
     tags = tags_by_commit(store) if store is not None else {}
+    digests = ContentDigests(store)
+    rows = [NodeStatus(spec.name, spec.address) for spec in specs]
     with ThreadPoolExecutor(max(1, min(32, len(specs)))) as pool:
-        rows = list(pool.map(lambda spec: node_status(store, spec, patches, tags, checksum), specs))
-    return StatusResult(rows)
+        try:
+            records = SharedRecords()
+            list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records),
+                          specs, rows))
+            # RECORD hashes of the live blobs not seen before, from the store's copies:
+            # once for the whole fleet (its nodes mostly hold the same files).
+            for algo, oids in _unknown_blobs(rows, digests).items():
+                digests.learn_from_store(algo, oids)
+            fallbacks = {} if reference is not None else _fallbacks(
+                store, tags, [r for r in rows if r.live is not None and r.record is None and r.record_differing is None])
+            list(pool.map(lambda row: _judge_node(row, reference or fallbacks.get(row.node), patches, digests,
+                                                  store), rows))
+        finally:
+            list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
+    digests.save()
+    return StatusResult(rows, against)
 
 
-def node_status(store: Store | None, spec: NodeSpec, patches: list[KnownPatch],
-                tags: dict[str, list[str]], checksum: bool = False) -> NodeStatus:
-    row = NodeStatus(spec.name, spec.address)
+def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
+               checksum: bool, want_record: bool, records: SharedRecords) -> None:
+    """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
+    snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
-        with closing(open_transport(spec).start()) as transport:
-            listing = request_live(store, transport, checksum)
-            # The store is read while the node starts up and lists.
-            snapshot_manifest = None
-            if store is not None:
-                row.snapshot = store.ref(refs.node_ref(spec.name))
-                if row.snapshot:
-                    row.snapshot_time = store.commit(row.snapshot).time.astimezone()
-                    row.tags = sorted(tags.get(row.snapshot, []))
-                    snapshot_manifest = store.manifest(row.snapshot)
-                row.push = last_push(store, spec.name)
-            assert transport.info is not None
-            row.reachable = True
-            row.dist = transport.info.dist_summary()
-            live = live_manifest(listing())
-            row.files = len(live)
-            row.patches = patch_states(patches, live)
-            if snapshot_manifest is not None:
-                changes = compare_manifests(snapshot_manifest, live)
-                row.drift = label_drift(transport, row, changes, patches) if changes else []
+        row.transport = open_transport(spec).start()
+        listing: Callable[[], Listing] = request_live(store, row.transport, checksum)
+        # The store is read while the node starts up and lists.
+        snapshot_manifest = None
+        if store is not None:
+            row.snapshot = store.ref(refs.node_ref(spec.name))
+            if row.snapshot:
+                row.snapshot_time = store.commit(row.snapshot).time
+                row.tags = sorted(tags.get(row.snapshot, []))
+                snapshot_manifest = store.manifest(row.snapshot)
+            row.push = last_push(store, spec.name)
+        info = row.transport.info
+        assert info is not None
+        # Behind the listing: the RECORDs' sha256, which says whether another node sends the same.
+        record_digests = (row.transport.request("hash", paths=record_paths(info.dists), algo="sha256")
+                          if want_record and info.dists else None)
+        row.reachable = True
+        row.dist = info.dist_summary()
+        row.live = live_manifest(listing())
+        row.files = len(row.live)
+        digests = record_digests()["hashes"] if record_digests is not None else None
+        if snapshot_manifest is not None:
+            row.drift = [DriftedFile(c.path, c.status, "") for c in compare_manifests(snapshot_manifest, row.live)]
+        if not want_record:
+            return
+        if digests is None:
+            row.fallback = (f"{spec.name}: no installed distribution (*.dist-info) owns {', '.join(spec.paths)} "
+                            f"in {info.site_packages}")
+            return
+        if store is not None and row.snapshot and row.drift == [] and not checksum:
+            row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
+        if row.record_differing is None:
+            try:
+                row.record = records.get(row.transport, digests)
+            except RemotePathError as exc:  # no RECORD file
+                row.fallback = exc.message
     except SnapverError as exc:
         row.error = exc
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
-    return row
+        row.live = None
 
 
-def label_drift(transport: Transport, row: NodeStatus, changes: list[Change],
-                patches: list[KnownPatch]) -> list[DriftedFile]:
-    """Say of every drifted path whether its live state is pristine, a known patch, or a hot-fix."""
-    record: dict[str, RecordEntry] | None = None
+def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str, dict[str, int]]:
+    """``{algo: {blob id: size}}`` of live RECORD paths whose RECORD hash is not known yet."""
+    wanted: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row.record is None or row.live is None:
+            continue
+        live = row.live.entries
+        known: dict[str, dict[str, str]] = {}
+        for path, entry in row.record.items():
+            found = live.get(path)
+            if found is None or not entry.digest or not entry.algo:
+                continue
+            if entry.algo not in known:
+                known[entry.algo] = digests.known(entry.algo)
+            if found.oid not in known[entry.algo]:
+                wanted.setdefault(entry.algo, {})[found.oid] = found.size
+    return wanted
+
+
+def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[KnownPatch],
+                digests: ContentDigests, store: Store | None = None) -> None:
+    """Hold the live tree against known-good; label what differs, and the drift since the snapshot."""
+    if row.live is None:
+        return
     try:
-        record, _ = read_record(transport)
+        row.patches = patch_states(patches, row.live)
+        differing: list[tuple[str, str]] | None = None
+        if reference is None and (row.record is not None or row.record_differing is not None):
+            assert row.transport is not None and row.transport.info is not None
+            dists = row.transport.info.dists
+            row.known_good = KnownGood("record", ", ".join(f"{d.name} {d.version}" for d in dists) or "RECORD")
+            differing = row.record_differing
+            if differing is None:
+                assert row.record is not None
+                live_oids = {e.path: e.oid for e in row.live.entries.values()}
+                check = compare_with_record(row.record, live_oids,
+                                            record_hashes(row.record, live_oids, digests, row.transport))
+                statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
+                            **{p: ADDED for p in check.extra}}
+                differing = [(path, statuses[path]) for path in check.differing]
+                if store is not None and row.snapshot and row.drift == []:
+                    save_record_check(store, row.transport.spec, row.snapshot, dists, differing)
+        elif reference is not None and reference.manifest is not None:
+            row.known_good = reference
+            differing = [(c.path, c.status) for c in compare_manifests(reference.manifest, row.live)]
+        if differing is not None:
+            row.off = [_labelled(path, status, row.live.get(path), patches) for path, status in differing]
+        if row.drift is not None:
+            # Each change since the snapshot, labelled by what its live state is.
+            off = {item.path: item for item in row.off or []}
+            pristine = PRISTINE if row.off is not None else ""
+            row.drift = [DriftedFile(d.path, d.status, off[d.path].label, off[d.path].patches) if d.path in off
+                         else DriftedFile(d.path, d.status, pristine) for d in row.drift]
     except SnapverError as exc:
-        row.record_missing = exc.message
-    pristine: set[str] = set()
-    if record is not None:
-        present = [record[c.path] for c in changes if c.new is not None and c.path in record]
-        hashes = hash_like_record(transport, present)
-        pristine = {e.path for e in present if hashes.get(e.path) == e.digest and e.digest}
-        pristine |= {c.path for c in changes if c.new is None and c.path not in record}
-    drifted = []
-    for change in changes:
-        names = tuple(p.name for p in patches if change.path in p.changes
-                      and _same(p.changes[change.path], change.new))
-        label = PRISTINE if change.path in pristine else PATCH if names else HOTFIX
-        drifted.append(DriftedFile(change.path, change.status, label, names))
-    return drifted
+        row.error = exc
+
+
+def _record_check_file(store: Store, node: str) -> Path:
+    return store.path / "snapver" / "record-check" / f"{node}.json"
+
+
+def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
+    return {"snapshot": snapshot, "dists": [[d.name, d.version, d.dist_info] for d in dists],
+            "paths": list(spec.paths), "exclude": list(spec.exclude)}
+
+
+def load_record_check(store: Store, spec: NodeSpec, snapshot: str,
+                      dists: Sequence[DistInfo]) -> list[tuple[str, str]] | None:
+    """How the node's snapshot stood against its RECORD (paths that differ, with M/A/D), if a
+    status worked it out before for this snapshot and these distributions; else None.
+
+    Valid while the live tree is that snapshot: pip writes RECORD with the files, so the
+    same files under the same dist-info mean the same RECORD (``verify`` reads it afresh).
+    """
+    try:
+        data = json.loads(_record_check_file(store, spec.name).read_text())
+        if data.get("key") != _record_check_key(spec, snapshot, dists):
+            return None
+        return [(str(path), str(status)) for path, status in data["differing"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a cache: without it the RECORD is read
+
+
+def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
+                      differing: list[tuple[str, str]]) -> None:
+    """Keep what ``load_record_check`` reads (best effort, written whole then renamed)."""
+    path = _record_check_file(store, spec.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps({"key": _record_check_key(spec, snapshot, dists), "differing": differing}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPatch]) -> DriftedFile:
+    names = tuple(p.name for p in patches if path in p.changes and _same(p.changes[path], live))
+    return DriftedFile(path, status, PATCH if names else HOTFIX, names)
+
+
+def _fallbacks(store: Store | None, tags: dict[str, list[str]], rows: list[NodeStatus]) -> dict[str, KnownGood]:
+    """For nodes without a RECORD: their newest tagged snapshot, else their newest snapshot."""
+    if store is None or not rows:
+        return {}
+    tagged = [commit for commit in tags]
+    newest_tag: dict[str, tuple[datetime, str, str]] = {}
+    for commit in store.commits(tagged, no_walk=True) if tagged else []:
+        node = commit.meta.get("node")
+        if commit.meta.get("kind", "snapshot") != "snapshot" or not isinstance(node, str):
+            continue
+        if node not in newest_tag or commit.time > newest_tag[node][0]:
+            newest_tag[node] = (commit.time, commit.id, sorted(tags[commit.id])[0])
+    found = {}
+    for row in rows:
+        why = row.fallback or "no RECORD"
+        if row.node in newest_tag:
+            _time, commit, tag = newest_tag[row.node]
+            found[row.node] = KnownGood("tag", tag, commit, store.manifest(commit))
+            row.fallback = f"{why}; held against its newest tag, {tag}"
+        elif row.snapshot:
+            found[row.node] = KnownGood("snapshot", "newest", row.snapshot, store.manifest(row.snapshot))
+            row.fallback = f"{why}; held against its newest snapshot, {row.snapshot[:10]}"
+    return found
+
+
+def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:
+    """The tree ``--against REF`` names (resolved as `diff` resolves its operands)."""
+    from snapver.ops.diff import _load_sides
+    from snapver.refs import Resolver
+
+    if config is None:
+        raise UsageError("--against needs the config to resolve its ref")
+    tree = Resolver(store, config).tree(text)
+    if tree.is_live:
+        raise UsageError(f"--against {text}: a live node is not known-good code",
+                         hint=f"name a snapshot, a tag or a folder, e.g. {tree.live_node}@latest")
+    # diff's loader: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.
+    side = _load_sides(store, config, [tree])[0]
+    if side.transport is not None:
+        side.transport.close()
+    return KnownGood("ref", text, side.commit.id if side.commit else None, side.manifest)
 
 
 def patch_states(patches: list[KnownPatch], live: Manifest) -> list[PatchState]:
@@ -226,3 +458,107 @@ def last_push(store: Store, node: str) -> dict[str, Any] | None:
 
     state = newest_record(store, node)
     return None if state is None else state.to_json()
+
+
+# -- the fleet matrix -------------------------------------------------------------------------
+
+ABSENT = "-"
+UNKNOWN = "?"
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One file across the fleet: a letter per node (``-`` absent, ``?`` node not read), and
+    what each letter's content is."""
+
+    path: str
+    letters: tuple[str, ...]
+    legend: tuple[tuple[str, str, str], ...]  # (letter, what it is, blob id)
+
+    @property
+    def agrees(self) -> bool:
+        return len(set(self.letters)) == 1
+
+    def to_json(self, nodes: Sequence[str]) -> dict[str, Any]:
+        return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters)),
+                "legend": {letter: {"is": what, "oid": oid or None} for letter, what, oid in self.legend}}
+
+
+@dataclass
+class MatrixResult:
+    """The fleet matrix (``status --files``): rows of files, a column per node."""
+
+    status: StatusResult
+    rows: list[MatrixRow]
+    paths: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> list[str]:
+        return [row.node for row in self.status.nodes]
+
+    @property
+    def exit_code(self) -> int:
+        errors = max((n.error.exit_code for n in self.status.nodes if n.error is not None), default=0)
+        return errors or (1 if any(not row.agrees for row in self.rows) else 0)
+
+    def to_json(self) -> dict[str, Any]:
+        nodes = self.nodes
+        return {"nodes": nodes, "paths": list(self.paths),
+                "known_good": {n.node: n.known_good.to_json() if n.known_good else None for n in self.status.nodes},
+                "errors": {n.node: str(n.error) for n in self.status.nodes if n.error is not None},
+                "files": [row.to_json(nodes) for row in self.rows], "exit_code": self.exit_code}
+
+
+def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResult:
+    """One row per file that is not the same on every node read (with ``paths``: per file
+    they name, whether or not it agrees), each node's content as a letter.
+
+    Letters go to contents in node order (``A`` the first node's); the legend says what
+    each is: pristine (as known-good), a patch, a hot-fix (neither), or only its blob id
+    where nothing is known-good for the nodes that hold it.
+    """
+    from snapver.ops.diff import normalize_paths, path_matches
+
+    filters = normalize_paths(paths)
+    rows_read = [n for n in result.nodes if n.live is not None]
+    every = sorted({path for n in rows_read for path in n.live.entries})  # type: ignore[union-attr]
+    if filters:
+        for pattern in filters:
+            if not any(path_matches(path, [pattern]) for path in every):
+                raise UsageError(f"path {pattern!r} matches no file on {', '.join(n.node for n in rows_read)}",
+                                 hint="paths are relative to site-packages, e.g. sglang/srt/server_args.py")
+        every = [path for path in every if path_matches(path, filters)]
+    off = {n.node: {item.path: item for item in n.off or []} for n in rows_read}
+    rows = []
+    for path in every:
+        states = [(n, n.live.get(path)) for n in rows_read]  # type: ignore[union-attr]
+        contents = {(e.kind, e.oid) if e is not None else None for _n, e in states}
+        if not filters and len(contents) == 1:
+            continue
+        letters: dict[Any, str] = {}
+        legend: list[tuple[str, str, str]] = []
+        for node, entry in states:
+            key = (entry.kind, entry.oid) if entry is not None else None
+            if key is None or key in letters:
+                continue
+            letter = letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else "*"
+            legend.append((letter, _what(path, key, states, off), entry.oid))
+        by_node = {n.node: (letters[(e.kind, e.oid)] if e is not None else ABSENT) for n, e in states}
+        rows.append(MatrixRow(path, tuple(by_node.get(n.node, UNKNOWN) for n in result.nodes), tuple(legend)))
+    return MatrixResult(result, rows, tuple(filters))
+
+
+def _what(path: str, key: tuple[str, str], states: list[tuple[NodeStatus, Entry | None]],
+          off: dict[str, dict[str, DriftedFile]]) -> str:
+    """What the content ``key`` at ``path`` is, by the nodes that hold it."""
+    holders = [n for n, e in states if e is not None and (e.kind, e.oid) == key]
+    for node in holders:  # as known-good on one of them
+        if node.known_good is not None and node.off is not None and path not in off[node.node]:
+            return node.known_good.pristine
+    for node in holders:
+        item = off[node.node].get(path)
+        if item is not None and item.label == PATCH:
+            return "patch " + ", ".join(item.patches)
+    if any(node.known_good is not None and node.off is not None for node in holders):
+        return HOTFIX
+    return ""  # nothing known-good: only its blob id says what it is

@@ -12,13 +12,16 @@ import functools
 import hashlib
 import io
 import posixpath
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, SnapverError
 from snapver.model import DistInfo, is_safe_relpath
+from snapver.store.repo import Store
 from snapver.transport import agent
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
@@ -77,23 +80,62 @@ def verify_node(spec: NodeSpec) -> NodeVerify:
             result.dists = [f"{d.name} {d.version}" for d in dists]
             live = {e.path for e in transport.list_tree(want_oids=False).entries}
             hashes = hash_like_record(transport, [e for e in record.values() if e.path in live])
-            for path, entry in sorted(record.items()):
-                if path not in live or (entry.digest is not None and hashes.get(path) is None):
-                    result.missing.append(path)
-                elif entry.digest is None or entry.algo not in hashlib.algorithms_guaranteed:
-                    result.unverifiable.append(path)
-                else:
-                    result.checked += 1
-                    if hashes[path] != entry.digest:
-                        result.modified.append(path)
-            result.extra = sorted(live - set(record))
+            check = compare_with_record(record, live, hashes)
+            result.checked, result.modified, result.missing = check.checked, check.modified, check.missing
+            result.extra, result.unverifiable = check.extra, check.unverifiable
     except SnapverError as exc:
         result.error = exc
     return result
 
 
+@dataclass
+class RecordCheck:
+    """A tree against a RECORD: what differs (paths sorted), and how many files were checked."""
+
+    checked: int = 0
+    modified: list[str] = field(default_factory=list)  # content differs from RECORD's hash
+    missing: list[str] = field(default_factory=list)  # RECORD lists it, the tree lacks it
+    extra: list[str] = field(default_factory=list)  # the tree has it, RECORD does not list it
+    unverifiable: list[str] = field(default_factory=list)  # RECORD lists it without a usable hash
+
+    @property
+    def differing(self) -> list[str]:
+        """Every path whose state is not what RECORD says."""
+        return sorted(self.modified + self.missing + self.extra)
+
+
+def compare_with_record(record: dict[str, RecordEntry], live: Collection[str],
+                        hashes: Mapping[str, str | None]) -> RecordCheck:
+    """Compare a tree (its paths, and each RECORD path's hash in RECORD's algorithm) with RECORD.
+
+    ``hashes`` may come from the node (``hash_like_record``) or from a cache by content;
+    a hashed path with no answer counts as missing (it vanished while hashed).
+    """
+    check = RecordCheck()
+    for path, entry in sorted(record.items()):
+        if path not in live:
+            check.missing.append(path)
+        elif entry.digest is None or entry.algo not in hashlib.algorithms_guaranteed:
+            check.unverifiable.append(path)
+        elif hashes.get(path) is None:
+            check.missing.append(path)  # gone while hashed
+        else:
+            check.checked += 1
+            if hashes[path] != entry.digest:
+                check.modified.append(path)
+    check.extra = sorted(path for path in live if path not in record)
+    return check
+
+
 def read_record(transport: Transport) -> tuple[dict[str, RecordEntry], list[DistInfo]]:
     """The RECORD rows of the distributions owning the tracked paths, for tracked paths only."""
+    return request_record(transport)()
+
+
+def request_record(transport: Transport) -> Callable[[], tuple[dict[str, RecordEntry], list[DistInfo]]]:
+    """``read_record`` in two steps: ask the node now (behind any request already sent),
+    and get a function that reads the answer. RemotePathError at once if no installed
+    distribution owns the tracked paths, from the function if none has a RECORD."""
     info = transport.info
     spec = transport.spec
     assert info is not None
@@ -102,18 +144,77 @@ def read_record(transport: Transport) -> tuple[dict[str, RecordEntry], list[Dist
         raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
                               f"{', '.join(spec.paths)} in {info.site_packages}",
                               hint="verify needs the RECORD that pip wrote when it installed the package")
-    record: dict[str, RecordEntry] = {}
-    found = False
-    for path, kind, data in transport.read_files([f"{d.dist_info}/RECORD" for d in dists]):
-        if kind is None:
-            continue
-        found = True
-        for entry in parse_record(data):
-            if is_tracked(entry.path, spec.paths, spec.exclude):
-                record[entry.path] = entry
-    if not found:
-        raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in dists)} has no RECORD file")
-    return record, dists
+    stream = transport.read_files([f"{d.dist_info}/RECORD" for d in dists])
+
+    def finish() -> tuple[dict[str, RecordEntry], list[DistInfo]]:
+        record: dict[str, RecordEntry] = {}
+        found = False
+        for _path, kind, data in stream:
+            if kind is None:
+                continue
+            found = True
+            record.update(tracked_record(data, spec.paths, spec.exclude))
+        if not found:
+            raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in dists)} has no RECORD file")
+        return record, dists
+
+    return finish
+
+
+def record_paths(info_dists: Sequence[DistInfo]) -> list[str]:
+    """The RECORD files of the distributions (relative to site-packages)."""
+    return [f"{d.dist_info}/RECORD" for d in info_dists]
+
+
+class SharedRecords:
+    """The RECORDs of one command's nodes, each content read from one node only.
+
+    A node first says its RECORDs' sha256 (cheap: the node hashes ~1 MB); a node whose
+    RECORDs another node already sent, or is sending, gets that parse. A fleet installed
+    from one wheel moves and parses one RECORD, not one per node (16 x 682 kB, all held
+    at once, was ~40 MB of the client's peak).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[Any, threading.Lock] = {}
+        self._found: dict[Any, dict[str, RecordEntry]] = {}
+
+    def get(self, transport: Transport, digests: Mapping[str, str | None]) -> dict[str, RecordEntry]:
+        """The node's tracked RECORD rows, given ``digests``: its RECORD files' sha256 (None: absent)."""
+        spec = transport.spec
+        if not any(digests.values()):
+            assert transport.info is not None
+            raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in transport.info.dists)} "
+                                  "has no RECORD file")
+        key = (tuple(sorted(digests.items())), spec.paths, spec.exclude)
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # the first node with these RECORDs reads them; the others wait for its parse
+            found = self._found.get(key)
+            if found is None:
+                found = self._found[key] = read_record(transport)[0]
+        return found
+
+
+_parsed: dict[tuple[bytes, tuple[str, ...], tuple[str, ...]], dict[str, RecordEntry]] = {}
+_parsed_lock = threading.Lock()
+
+
+def tracked_record(data: bytes, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> dict[str, RecordEntry]:
+    """A RECORD's rows for tracked paths. Parsed once per content: the nodes of a fleet
+    send the same RECORD (sglang 0.5.23's: 682 kB, 5,777 rows)."""
+    key = (data, tuple(tracked), tuple(exclude))
+    # Parsed under the lock: 16 nodes sending one RECORD at once would otherwise parse it
+    # 16 times over, at once (a 682 kB RECORD's parse holds ~MBs of rows while it runs).
+    with _parsed_lock:
+        found = _parsed.get(key)
+        if found is None:
+            found = {entry.path: entry for entry in parse_record(data) if is_tracked(entry.path, tracked, exclude)}
+            if len(_parsed) >= 8:
+                _parsed.clear()
+            _parsed[key] = found
+    return found
 
 
 def parse_record(data: bytes) -> list[RecordEntry]:
@@ -166,4 +267,104 @@ def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[s
     hashes: dict[str, str | None] = {}
     for algo, paths in by_algo.items():
         hashes.update(transport.hash_files(paths, algo))
+    return hashes
+
+
+WHOLE_BLOB_LIMIT = 1 << 20  # larger blobs are hashed in pieces (client memory stays bounded)
+
+
+class ContentDigests:
+    """RECORD-style digests (sha256, …) of file contents by git blob id, kept in the store.
+
+    A content's digest never changes, so what one status learnt answers every later one:
+    a node's tree is compared with its RECORD by looking up the blob ids its listing
+    already gives (the node re-hashes only what changed, by stat), not by reading every
+    file again. Only digests of content read from the store are kept: a digest computed
+    on a node might belong to a file rewritten after it was listed.
+    """
+
+    def __init__(self, store: Store | None) -> None:
+        self.store = store
+        self._known: dict[str, dict[str, str]] = {}
+        self._fresh: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def _file(self, algo: str) -> Path | None:
+        return self.store.path / "snapver" / f"digests-{algo}" if self.store is not None else None
+
+    def known(self, algo: str) -> dict[str, str]:
+        """``{blob id: digest}`` learnt so far for ``algo`` (read from the store once)."""
+        with self._lock:
+            found = self._known.get(algo)
+            if found is None:
+                found = self._known[algo] = {}
+                path = self._file(algo)
+                try:
+                    text = path.read_text(encoding="ascii") if path is not None else ""
+                except (OSError, UnicodeDecodeError):
+                    text = ""  # a cache: without it everything is hashed again
+                for line in text.splitlines():
+                    oid, _, digest = line.partition(" ")
+                    if len(oid) == 40 and digest:
+                        found[oid] = digest
+            return found
+
+    def learn_from_store(self, algo: str, sizes: Mapping[str, int]) -> None:
+        """Hash, from the store, those blobs of ``sizes`` (blob id: size) it holds whose digest
+        is not known; small ones through one git process, large ones in pieces."""
+        if self.store is None or algo not in hashlib.algorithms_guaranteed:
+            return
+        known = self.known(algo)
+        wanted = self.store.existing(oid for oid in sizes if oid not in known)
+        if not wanted:
+            return
+        small = sorted(oid for oid in wanted if sizes[oid] <= WHOLE_BLOB_LIMIT)
+        learnt = {oid: hashlib.new(algo, data).hexdigest() for oid, data in self.store.read_blobs(small)}
+        for oid in sorted(wanted - set(small)):
+            digest = hashlib.new(algo)
+            for piece in self.store.blob_chunks(oid):
+                digest.update(piece)
+            learnt[oid] = digest.hexdigest()
+        with self._lock:
+            known.update(learnt)
+            self._fresh.setdefault(algo, {}).update(learnt)
+
+    def save(self) -> None:
+        """Append what was learnt to the store's files (best effort: it is a cache)."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, {}
+        for algo, learnt in fresh.items():
+            path = self._file(algo)
+            if path is None or not learnt:
+                continue
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # One write of whole lines in append mode: concurrent commands interleave
+                # lines, never parts of them; a torn last line is skipped when read.
+                with open(path, "a", encoding="ascii") as handle:
+                    handle.write("".join(f"{oid} {digest}\n" for oid, digest in sorted(learnt.items())))
+            except OSError:
+                pass
+
+
+def record_hashes(record: dict[str, RecordEntry], live: Mapping[str, str | None], digests: ContentDigests,
+                  transport: Transport | None) -> dict[str, str | None]:
+    """Each RECORD path's live hash (in RECORD's algorithm), by blob id from ``digests``
+    where known, else hashed on the node (``transport``; None: left out).
+
+    ``live``: ``{path: blob id}`` of the live tree (a link's id is its target's).
+    """
+    hashes: dict[str, str | None] = {}
+    unknown: list[RecordEntry] = []
+    for path, entry in record.items():
+        oid = live.get(path)
+        if oid is None or entry.digest is None or entry.algo not in hashlib.algorithms_guaranteed:
+            continue
+        digest = digests.known(entry.algo).get(oid)
+        if digest is not None:
+            hashes[path] = digest
+        else:
+            unknown.append(entry)
+    if unknown and transport is not None:
+        hashes.update(hash_like_record(transport, unknown))
     return hashes

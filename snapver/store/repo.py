@@ -369,6 +369,22 @@ class Store:
             stream.close()
             writer.join()
 
+    def blob_chunks(self, oid: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole)."""
+        try:
+            process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "blob", oid],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            raise StoreError(f"cannot run git: {exc}") from exc
+        assert process.stdout is not None
+        try:
+            while piece := process.stdout.read(chunk):
+                yield piece
+        finally:
+            process.stdout.close()
+            if process.wait() != 0:
+                raise StoreError(f"object {oid} is missing from the store, or corrupt", hint="run `snapver fsck`")
+
     # -- refs and commits -------------------------------------------------------------
     def ref(self, name: str) -> str | None:
         """The commit a full ref name points to, or None."""

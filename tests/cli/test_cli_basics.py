@@ -91,14 +91,24 @@ def test_init_writes_the_example_and_an_empty_store(run_snapver) -> None:
         assert re.search(rf"^#?\s*{key}\b", text, re.MULTILINE), f"{key} is not documented"
     assert "\n[groups]\n" in text
     parsed = tomllib.loads(text)
-    assert parsed["nodes"]["local"]["site_packages"] == sysconfig.get_paths()["purelib"]
+    assert parsed.get("nodes", {}) == {}  # no node the user did not ask for
+    assert f'# site_packages = "{sysconfig.get_paths()["purelib"]}"' in text  # documented, commented out
     assert git(here / "snapshots", "rev-parse", "--is-bare-repository").strip() == "true"
     # A second init keeps the user's edits.
     config.write_text(text + "\n# my edit\n")
     assert "kept" in ok(run_snapver("init")).out
     assert config.read_text().endswith("# my edit\n")
-    # The embedded local node has no sglang here: exit 3 naming the remote path.
-    fails(run_snapver("pull"), 3, str(Path(sysconfig.get_paths()["purelib"]) / "sglang"))
+    # No node yet: commands that need one say so (exit 2), none fails to reach a node.
+    for command in (["pull"], ["status"], ["pull", "--all"]):
+        fails(run_snapver(*command), 2, "no nodes in")
+    # --local asks for the embedded default's node: this Python's site-packages.
+    elsewhere = here / "with-local"
+    elsewhere.mkdir()
+    assert "node `local`" in ok(run_snapver("init", "--local", cwd=elsewhere)).out
+    local = tomllib.loads((elsewhere / ".snapver").read_text())["nodes"]
+    assert local == {"local": {"local": True, "site_packages": sysconfig.get_paths()["purelib"]}}
+    # That node has no sglang here: exit 3 naming the remote path.
+    fails(run_snapver("pull", cwd=elsewhere), 3, str(Path(sysconfig.get_paths()["purelib"]) / "sglang"))
 
 
 def test_config_is_found_by_flag_environment_and_parents(fleet, run_snapver, tmp_path) -> None:

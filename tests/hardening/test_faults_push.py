@@ -150,7 +150,6 @@ def test_killed_mid_push(fault, sshd, patched, node, run_snapver, store) -> None
                           60, "the node's sshd to have received 8 MB")
         assert killed is not True and push.poll() is None, push.communicate()
     out, err = push.communicate(timeout=60)
-    state = node_state(node)
     if fault == "snapver SIGKILLed":
         # Nothing could undo it: the record says the push was interrupted, rollback repairs it. The
         # node had every file staged: it commits them all, in one quick step, client or no client.

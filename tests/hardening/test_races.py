@@ -213,7 +213,7 @@ while not os.path.exists(stop):
     codes = []
     try:
         for _ in range(8):
-            (site / SRT / f"d00/m00.py").write_text(f"m = {time.time()}\n")  # something to record
+            (site / SRT / "d00/m00.py").write_text(f"m = {time.time()}\n")  # something to record
             result = run_snapver("pull", "ct200")
             assert result.code in (0, 3), result
             codes.append(result.code)

@@ -107,18 +107,22 @@ def test_status_table(fleet: dict) -> None:
     result = run_inproc("--config", fleet["config"], "status")
     assert result.code == 3, result  # the dead node
     lines = result.out.splitlines()
-    assert lines[0].split() == ["node", "reachable", "snapshot", "drift", "distribution", "patches"]
-    row = {line.split()[0]: line.split() for line in lines[1:4]}
-    assert row["ct200"][1] == "yes" and "6 files" in " ".join(row["ct200"]) and row["ct200"][-1] == "fix-b"
-    assert row["ct129"][1] == "yes" and "identical" in row["ct129"]
-    assert row["dead"][1] == "no" and "none" in row["dead"]
-    assert "ct200: 6 files differ from" in result.out
+    assert lines[0].split() == ["node", "reachable", "snapshot", "since", "snapshot", "known-good", "state"]
+    row = {line.split()[0]: line for line in lines[1:4]}
+    assert row["ct200"].split()[1] == "yes" and " 6 files " in row["ct200"]
+    assert row["ct200"].rstrip().endswith("RECORD sglang 0.5.23  1 patched (fix-b), 3 hot-fixed")
+    assert row["ct129"].split()[1] == "yes" and row["ct129"].rstrip().endswith("none            RECORD sglang 0.5.23  pristine")
+    assert row["dead"].split()[1] == "no" and "none" in row["dead"]
+    assert "ct200: 6 files changed since snapshot" in result.out
     for item in EXPECTED_DRIFT:
         label = "patch fix-b" if item["label"] == "patch" else item["label"]
         assert f"  {item['status']}  {item['path']}  {label}" in lines
+    off = lines.index("ct200: 4 files not as RECORD sglang 0.5.23")
+    assert lines[off + 1:off + 5] == [f"  {i['status']}  {i['path']}  {'patch fix-b' if i['label'] == 'patch' else i['label']}"
+                                      for i in EXPECTED_DRIFT if i["label"] != "pristine"]
     assert result.err.startswith("snapver: error: dead: ") and "Traceback" not in result.err
     only_identical = run_inproc("--config", fleet["config"], "status", "ct129")
-    assert only_identical.code == 0 and "identical" in only_identical.out
+    assert only_identical.code == 0 and "pristine" in only_identical.out
 
 
 def test_status_shows_an_interrupted_push(fleet: dict) -> None:
