@@ -3,7 +3,7 @@ working folder, against two real sshd nodes holding the real SGLang tree.
 
 Each ``$ `` line is run with bash; the ``(exit N)`` line after its output is the exit code
 it must end with (none: 0). Outputs may differ in ids, times and sizes, so only the exit
-codes are held to; ``SNAPVER_README_TRANSCRIPT=FILE`` writes what each command printed,
+codes are held to; ``README_TRANSCRIPT=FILE`` writes what each command printed,
 to refresh the README's outputs with. ``$CT200`` and ``$CT129`` are the nodes'
 site-packages; the working folder's ``.snapver`` holds the nodes, as the README shows it.
 """
@@ -56,6 +56,6 @@ def test_the_readme_walk_through_runs_as_written(sshd, sglang_site_template, mak
                               stdin=subprocess.DEVNULL, timeout=300)
         output = (done.stdout + done.stderr).decode("utf-8", "replace")
         transcript.append(f"$ {command}\n{output}" + (f"(exit {done.returncode})\n" if done.returncode else ""))
-        if os.environ.get("SNAPVER_README_TRANSCRIPT"):
-            Path(os.environ["SNAPVER_README_TRANSCRIPT"]).write_text("".join(transcript), encoding="utf-8")
+        if os.environ.get("README_TRANSCRIPT"):
+            Path(os.environ["README_TRANSCRIPT"]).write_text("".join(transcript), encoding="utf-8")
         assert done.returncode == expected, f"README: `{command}` exited {done.returncode}, not {expected}:\n{output}"
