@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     except Abort:  # click turns a KeyboardInterrupt into Abort
         print("snapver: interrupted" if interrupt.requested() else "snapver: aborted", file=sys.stderr)
         sys.exit(interrupt.exit_code())
-    except ClickException as exc:
-        exc.show()
+    except ClickException as exc:  # a usage error: one line and a hint, as every other error
+        print(f"snapver: error: {exc.format_message()}", file=sys.stderr)
+        context = getattr(exc, "ctx", None)
+        print(f"hint: see `{context.command_path if context else 'snapver'} --help`", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("snapver: interrupted", file=sys.stderr)

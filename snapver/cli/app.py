@@ -114,7 +114,7 @@ def main_options(
                                           "else .snapver here or in a parent).", show_default=False),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
     """snapver: know, compare and patch the code deployed on your nodes."""

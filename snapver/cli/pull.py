@@ -78,7 +78,7 @@ def summary_line(result: "object") -> str:
     name = escape(result.node)
     if result.error:
         message = str(result.error)
-        if not message.startswith(f"{result.node}:"):
+        if not message.startswith((f"{result.node}:", f"{result.node} (")):
             message = f"{result.node}: {message}"
         return f"[red]snapver: error:[/red] {escape(message)}"
     stats = (f"{result.files} files, {result.changed} changed, "

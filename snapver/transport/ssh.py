@@ -255,6 +255,16 @@ class _ChannelReader:
         return self.received.take(size)
 
 
+def _why_not_connected(exc: BaseException) -> str:
+    """What failed, in words: paramiko wraps a refused connection as ``[Errno None] Unable
+    to connect to port 22 on …``, holding each address's own error."""
+    errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
+    if isinstance(errors, dict) and errors:
+        exc = next(iter(errors.values()))
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return reason[:1].lower() + reason[1:]
+
+
 class SshTransport(Transport):
     """The agent runs in the node's Python, over one SSH connection."""
 
@@ -298,7 +308,7 @@ class SshTransport(Transport):
             if str(exc).startswith(_HANDSHAKE_TIMEOUTS):
                 raise TransportError(f"{spec.name}: {spec.address} did not complete the SSH handshake within "
                                      f"{spec.connect_timeout:g} s") from exc
-            raise TransportError(f"{spec.name}: cannot connect to {spec.address}: {exc}") from exc
+            raise TransportError(f"{spec.name} ({spec.address}): {_why_not_connected(exc)}") from exc
         watch_link(connection.transport, spec.connect_timeout)
         return connection
 

@@ -66,11 +66,16 @@ def fleet(make_site_packages, ssh_node, local_node, write_config, tmp_path) -> d
 
 def test_version_and_help(run_snapver) -> None:
     assert ok(run_snapver("--version")).out.strip() == f"snapver {snapver.__version__}"
+    assert ok(run_snapver("-V")).out.strip() == f"snapver {snapver.__version__}"
     helped = ok(run_snapver("--help")).out
     for command in ("init", "nodes", "pull", "log", "show", "fsck"):
         assert re.search(rf"^\W*{command}\b", helped, re.MULTILINE), helped
     bare = run_snapver()  # no arguments: the help, never a traceback
     assert bare.code in (0, 2) and "Commands" in bare.out + bare.err and "Traceback" not in bare.err
+    # A usage error is one line and a hint, like every other error (not click's Usage:/Error: form).
+    wrong = run_snapver("diff", "--bogus")
+    assert wrong.code == 2 and wrong.err.splitlines() == ["snapver: error: No such option: --bogus",
+                                                           "hint: see `snapver diff --help`"], wrong
 
 
 def test_unknown_command_and_option_are_usage_errors(run_snapver) -> None:

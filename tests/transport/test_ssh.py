@@ -338,3 +338,18 @@ def test_ssh_socket_sends_and_acks_at_once(sshd, site, ssh_node, tmp_path) -> No
         assert [e.path for e in transport.list_tree().entries] == [f"{SRT}/a.py"]
     finally:
         transport.close()
+
+
+def test_a_refused_connection_is_said_in_words(make_site_packages, ssh_node, write_config, run_snapver) -> None:
+    """Nothing listens on the node's port: one line naming the node, its address and what
+    failed (not paramiko's `[Errno None] Unable to connect to port …`), exit 3."""
+    import socket as sockets
+
+    with sockets.socket() as probe:  # a port nobody listens on (closed again at once)
+        probe.bind(("127.0.0.200", 0))
+        port = probe.getsockname()[1]
+    site = make_site_packages("ct200", files={"sglang/srt/a.py": "a = 1\n"})
+    write_config({"ct200": ssh_node("ct200", site, port=port)})
+    result = run_snapver("pull", "ct200")
+    assert result.code == 3, result
+    assert result.err.splitlines()[0] == f"snapver: error: ct200 (root@127.0.0.200:{port}): connection refused", result
