@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from snapver import __version__
 
@@ -121,3 +121,23 @@ def main_options(
     STATE.config_path = str(config) if config else None
     STATE.verbose = verbose or os.environ.get("SNAPVER_DEBUG") == "1"
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
+
+
+PATHS_KEY = "snapver.paths"
+
+
+class PathsAfterDashes(TyperCommand):
+    """A command whose words after ``--`` are paths, kept apart in ``ctx.meta[PATHS_KEY]``
+    (so that refs or nodes and paths never mix); ``usage`` is what its help shows."""
+
+    usage = "[-- PATH...]"
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            split = args.index("--")
+            ctx.meta[PATHS_KEY] = args[split + 1:]
+            args = args[:split]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS]", self.usage]

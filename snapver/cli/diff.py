@@ -6,26 +6,14 @@ import sys
 from typing import Any, List, Optional
 
 import typer
-from typer.core import TyperCommand
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
 from snapver.cli.render import console, emit_json, escape, show_path
 
-PATHS_KEY = "snapver.paths"
 
 
-class RefsThenPathsCommand(TyperCommand):
-    """Keeps what follows ``--`` apart (paths), so that refs and paths never mix."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            split = args.index("--")
-            ctx.meta[PATHS_KEY] = args[split + 1:]
-            args = args[:split]
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
-        return ["[OPTIONS]", "A [B] [-- PATH...]"]
+class RefsThenPathsCommand(PathsAfterDashes):
+    usage = "A [B] [-- PATH...]"
 
 
 @app.command(cls=RefsThenPathsCommand)

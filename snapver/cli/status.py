@@ -7,29 +7,16 @@ from typing import Any, List, Optional
 
 import typer
 
-from typer.core import TyperCommand
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
 from snapver.cli.render import console, emit_json, escape, print_error, print_table, show_path
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
 MATRIX_BLOCK = 8
-PATHS_KEY = "snapver.paths"
 
 
-class NodesThenPathsCommand(TyperCommand):
-    """Keeps what follows ``--`` apart (paths), as `diff` does (not imported from it: a
-    command loads only its own module)."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            split = args.index("--")
-            ctx.meta[PATHS_KEY] = args[split + 1:]
-            args = args[:split]
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
-        return ["[OPTIONS]", "[NODE|GROUP]... [-- PATH...]"]
+class NodesThenPathsCommand(PathsAfterDashes):
+    usage = "[NODE|GROUP]... [-- PATH...]"
 
 
 @app.command(cls=NodesThenPathsCommand)

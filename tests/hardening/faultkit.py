@@ -342,3 +342,14 @@ def cli(*args: str, env: dict[str, str] | None = None, **_ignored: object) -> "R
                 os.environ[key] = value
     return Result(code, out.getvalue().decode("utf-8", "surrogateescape"),
                   err.getvalue().decode("utf-8", "surrogateescape"))
+
+
+def loosen_objects(store: Path) -> None:
+    """Unpack every pack into loose objects (git refuses to unpack objects it has: each pack
+    is moved aside first), so that a test can damage one object file."""
+    for pack in list((store / "objects" / "pack").glob("pack-*.pack")):
+        moved = pack.with_name("moved.pack")
+        pack.rename(moved)
+        pack.with_suffix(".idx").unlink()
+        git(store, "unpack-objects", "-q", input=moved.read_bytes())
+        moved.unlink()

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from faultkit import all_refs, git
+from faultkit import all_refs, git, loosen_objects
 
 SRT = "sglang/srt"
 VICTIM = f"{SRT}/layers/l7.py"
@@ -46,12 +46,7 @@ def flip_byte_in_pack(store: Path) -> None:
 
 def delete_object(store: Path, oid: str) -> None:
     """Explode the packs into loose objects (git refuses to unpack objects it has), then delete one."""
-    for pack in list((store / "objects" / "pack").glob("pack-*.pack")):
-        moved = pack.with_name("moved.pack")
-        pack.rename(moved)
-        pack.with_suffix(".idx").unlink()
-        git(store, "unpack-objects", "-q", input=moved.read_bytes())
-        moved.unlink()
+    loosen_objects(store)
     loose = store / "objects" / oid[:2] / oid[2:]
     assert loose.exists()
     loose.unlink()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import all_refs, assert_store_sound, git
+from faultkit import all_refs, assert_store_sound, git, loosen_objects
 
 from snapver.store import gc
 
@@ -65,12 +65,7 @@ def test_fsck_of_a_pack_truncated_to_half_ends_and_names_it(two_pulls: Path, sna
 def _replace_object_with_fifo(store: Path, rev: str) -> str:
     """Unpack every object loose (git refuses to unpack objects it has), then make one a FIFO."""
     oid = git(store, "rev-parse", rev).decode().strip()
-    for pack in pack_files(store, "pack-*.pack"):
-        moved = pack.with_name("moved.pack")
-        pack.rename(moved)
-        pack.with_suffix(".idx").unlink()
-        git(store, "unpack-objects", "-q", input=moved.read_bytes())
-        moved.unlink()
+    loosen_objects(store)
     loose = store / "objects" / oid[:2] / oid[2:]
     loose.unlink()
     os.mkfifo(loose)

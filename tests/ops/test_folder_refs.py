@@ -16,25 +16,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import tree_hashes
+from helpers import linked_copy, rewrite, tree_hashes
 from snapver_inproc import run_inproc
 
 WORKER = "sglang/srt/speculative/dflash_worker.py"
 WORKER_TEXT = "class DFlashWorker:\n    graph_bs = [1, 2, 4, 8]\n"
 FIXED_TEXT = WORKER_TEXT + "    # may22: capture the cuda graph after warm-up\n"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def linked_copy(source: Path, target: Path) -> None:
-    """A copy of a tree made of hard links (fast); ``rewrite`` changes one file of it."""
-    shutil.copytree(source, target, symlinks=True, copy_function=os.link)
-
-
-def rewrite(path: Path, text: str) -> None:
-    """Replace a file's content without touching the other names of its inode."""
-    if path.exists():
-        path.unlink()
-    path.write_text(text)
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from helpers import linked_copy, rewrite
 from snapver_inproc import run_inproc
 
 WORKER = "sglang/srt/speculative/dflash_worker.py"
@@ -34,18 +34,6 @@ def refs_now() -> str:
 def hash_object(path: Path) -> str:
     return subprocess.run(["git", "hash-object", str(path)], check=True, capture_output=True,
                           text=True).stdout.strip()
-
-
-def linked_copy(source: Path, target: Path) -> None:
-    """A copy of a tree made of hard links (fast); ``rewrite`` changes one file of it."""
-    shutil.copytree(source, target, symlinks=True, copy_function=os.link)
-
-
-def rewrite(path: Path, text: str) -> None:
-    """Replace a file's content without touching the other names of its inode."""
-    if path.exists():
-        path.unlink()
-    path.write_text(text)
 
 
 @pytest.fixture
