@@ -404,7 +404,7 @@ def known_good_of(store: Store | None, config: Config | None, text: str) -> Know
     if config is None:
         raise UsageError("--against needs the config to resolve its ref")
     tree = Resolver(store, config).tree(text)
-    if tree.is_live:
+    if tree.live_node is not None:  # a folder is a live tree too, and a fine known-good copy
         raise UsageError(f"--against {text}: a live node is not known-good code",
                          hint=f"name a snapshot, a tag or a folder, e.g. {tree.live_node}@latest")
     # diff's loader: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.

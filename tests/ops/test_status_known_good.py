@@ -121,6 +121,24 @@ def test_a_hot_fix_made_before_the_first_pull_is_found(make_site_packages, ssh_n
         (RUNNER, "D", "hot-fix"), (SERVER_ARGS, "M", "hot-fix")]
 
 
+def test_against_a_folder(one_node: dict, tmp_path: Path) -> None:
+    """The known-good copy is a plain folder (the inside of sglang/srt): the node is held
+    against it; a file the node has otherwise is a hot-fix (exit 1); an exact copy agrees."""
+    import shutil
+
+    site, config = one_node["site"], one_node["config"]
+    folder = tmp_path / "known_good"
+    shutil.copytree(site / "sglang" / "srt", folder, symlinks=True)
+    code, document = status_json(config, "--against", str(folder))
+    assert code == 0, document
+    with open(folder / SERVER_ARGS.split("sglang/srt/", 1)[1], "a") as handle:
+        handle.write("# the known-good copy has this line\n")
+    code, document = status_json(config, "--against", str(folder))
+    row = document["nodes"][0]
+    assert code == 1 and row["known_good"]["kind"] == "ref" and row["known_good"]["commit"] is None
+    assert [(f["path"], f["label"]) for f in row["known_good"]["files"]] == [(SERVER_ARGS, "hot-fix")]
+
+
 def test_against_a_tag_and_the_fallback_without_a_record(one_node: dict) -> None:
     site, config = one_node["site"], one_node["config"]
     assert run_inproc("--config", config, "tag", "may22", "ct200").code == 0
