@@ -173,21 +173,24 @@ def test_an_undo_never_erases_an_edit_made_after_the_write(node, run_snapver, is
     assert records(isolated_env / "snapshots", "ct200")[0]["state"] == "failed"
 
 
-def test_a_folder_swapped_for_a_link_mid_push_is_never_written_through(node, run_snapver, tmp_path):
-    """`utils` is swapped for a link to a root-only folder while the push streams (what the
-    service user who owns the tree could do): snapver (root) writes nothing there — nor in
-    the moved folder — and fails."""
+@pytest.mark.parametrize("big", [BIG, f"{SRT}/aa/big.bin"], ids=["swap after common.py was staged",
+                                                            "swap before common.py is staged"])
+def test_a_folder_swapped_for_a_link_mid_push_is_never_written_through(node, run_snapver, tmp_path, big):
+    """`utils` is swapped for a link to a root-only folder while the push streams a big file
+    (what the service user who owns the tree could do) — after `utils/common.py` was staged,
+    or before: snapver (root) writes nothing in the root-only folder nor in the moved one,
+    and fails."""
     outside = tmp_path / "root-only"
     outside.mkdir(mode=0o700)
     (outside / "common.py").write_bytes(b"root's own\n")
-    make_patch(run_snapver, "big", {UTILS: b"x = 2\n", BIG: os.urandom(40 << 20)})
-    racer = start_racer(str(node / f"{SRT}/zz"), "swap", str(node / f"{SRT}/utils"), str(outside))
+    make_patch(run_snapver, "big", {UTILS: b"x = 2\n", big: os.urandom(40 << 20)})
+    racer = start_racer(str(node / big.rsplit("/", 1)[0]), "swap", str(node / f"{SRT}/utils"), str(outside))
     result = run_snapver("push", "big", "ct200", "--yes")
     assert racer.wait(timeout=60) == 0, racer.communicate()
     assert result.code != 0, result
     assert (outside / "common.py").read_bytes() == b"root's own\n" and sorted(os.listdir(outside)) == ["common.py"]
     assert (node / f"{SRT}/utils.old/common.py").read_bytes() == BASE[UTILS]
-    assert not (node / BIG).exists() and not leftovers(node)
+    assert not (node / big).exists() and not leftovers(node)
 
 
 def test_a_folder_swapped_for_a_link_mid_pull_is_never_read(make_site_packages, write_config, ssh_node,
