@@ -23,6 +23,9 @@ import zlib
 
 CHUNK = 1 << 20
 PROTOCOL = 1
+# The oldest Python the agent runs on: the bootstrap (transport/base.py) refuses older ones
+# before this file is even compiled, and the client checks hello's python_version again.
+MIN_PYTHON = (3, 8)
 SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
 SQUEEZE_OVER = 16 << 10
 
