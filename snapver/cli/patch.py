@@ -33,6 +33,14 @@ def _report(patch: "object", how: str, files: "object" = None) -> None:
               f"{patch.base[:10]} ({escape(patch.base_node)})")
     for item in patch.files if files is None else files:  # type: ignore[attr-defined]
         out.print(_status_line(item.status, item.path))
+    _warn_broken(patch)
+
+
+def _warn_broken(patch: "object") -> None:
+    """A warning per file a push would refuse (conflict markers, Python that does not compile)."""
+    err = console(stderr=True)
+    for broken in getattr(patch, "broken", []):
+        err.print(f"warning: {escape(str(broken))} — `snapver push` refuses it until fixed")
 
 
 @patch_app.command("new")
@@ -217,6 +225,7 @@ def rebase(
         out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {show_path(item.path)}{detail}")
     if result.rebased:
         out.print(f"patch {escape(name)}: rebased onto {result.onto[:10]} as {result.patch.commit[:10]}")
+        _warn_broken(result.patch)
         return 0
     err = console(stderr=True)
     err.print(f"snapver: error: patch {escape(name)}: {len(result.conflicts)} file(s) conflict; nothing recorded")

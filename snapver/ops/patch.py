@@ -25,6 +25,7 @@ import blake3
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
 from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
+from snapver.ops.broken import BrokenFile, broken_files
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
@@ -66,12 +67,14 @@ class Patch:
     paths: tuple[str, ...]
     meta: dict[str, Any]
     files: list[PatchFile] = field(default_factory=list)
+    broken: list[BrokenFile] = field(default_factory=list)  # set by the verbs that warn (save, import, rebase)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "commit": self.commit, "base": self.base, "base_node": self.base_node,
                 "nodes": list(self.nodes), "message": self.message, "time": self.time.isoformat(),
                 "paths": list(self.paths),
-                "files": [{"path": f.path, "status": f.status} for f in self.files]}
+                "files": [{"path": f.path, "status": f.status} for f in self.files],
+                "broken": [b.to_json() for b in self.broken]}
 
 
 def changed_files(base: Manifest, patched: Manifest) -> list[PatchFile]:
@@ -104,6 +107,13 @@ def load_patch(store: Store, name: str, with_files: bool = True) -> Patch:
                   time=commit.time.astimezone(), paths=tuple(meta.get("paths") or DEFAULT_PATHS), meta=meta)
     if with_files:
         patch.files = changed_files(store.manifest(patch.base), store.manifest(tip))
+    return patch
+
+
+def with_warnings(store: Store, patch: Patch) -> Patch:
+    """``patch`` with ``broken`` set: its files holding new conflict markers or Python that
+    does not compile here (what a push would refuse)."""
+    patch.broken = broken_files(patch.files, store.read_blob)
     return patch
 
 
@@ -386,7 +396,7 @@ def import_patch(store: Store, config: Config, name: str, data: bytes, source: s
     manifest, blobs = _build(base.manifest, changes)
     meta = _patch_meta(base, targets, message or subject, "import", len(changes))
     _write_patch_commit(store, name, base.commit, manifest, blobs, meta, None)
-    return load_patch(store, name)
+    return with_warnings(store, load_patch(store, name))
 
 
 # -- patch capture ---------------------------------------------------------------------
@@ -622,7 +632,7 @@ def save_patch(store: Store, config: Config, name: str, message: str = "") -> Sa
     commit = _write_patch_commit(store, name, parent, scanned, new_content.values(), meta, tip)
     marker.update({"head": commit, "parent": commit, "base": base_id})
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-    return SaveResult(load_patch(store, name), True, changed)
+    return SaveResult(with_warnings(store, load_patch(store, name)), True, changed)
 
 
 def _excludes(config: Config, patch: Patch) -> tuple[str, ...]:
@@ -739,7 +749,7 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
     meta = {**patch.meta, **_patch_meta(onto, patch.nodes, patch.message, "rebase", files),
             "rebased_from": patch.commit}
     _write_patch_commit(store, name, onto.commit, manifest, blobs, meta, patch.commit)
-    return RebaseResult(load_patch(store, name), onto.commit, results, True)
+    return RebaseResult(with_warnings(store, load_patch(store, name)), onto.commit, results, True)
 
 
 def _entry_key(entry: Entry | None) -> tuple[str, str, int] | None:
