@@ -153,6 +153,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
 @patch_app.command("show")
 def show(
     name: str = typer.Argument(..., help="The patch's name."),
+    all_history: bool = typer.Option(False, "--history", help="List every version of the patch, with dates."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """A patch's base, targets, message, history and files."""
@@ -165,7 +166,8 @@ def show(
     folder = checkout_folder(store, name)
     if json_out:
         emit_json({**patch.to_json(), "history": [{"id": c.id, "time": c.time.isoformat(),
-                                                    "source": c.meta.get("source")} for c in commits],
+                                                    "source": c.meta.get("source"), "base": c.meta.get("base")}
+                                                   for c in commits],
                    "checkout": str(folder) if folder.is_dir() else None})
         return 0
     out = console()
@@ -177,8 +179,16 @@ def show(
     out.print(f"date:     {patch.time:%Y-%m-%d %H:%M:%S %z}")
     if patch.message:
         out.print(f"message:  {escape(patch.message)}")
-    out.print(f"history:  {len(commits)} commit(s): "
-              + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5]))
+    if all_history:
+        out.print(f"history:  {len(commits)} version(s), newest first")
+        for c in commits:
+            line = str(c.meta.get("message") or "").splitlines()
+            out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {escape(str(c.meta.get('source', '?'))):<7}"
+                      f"  base {str(c.meta.get('base', '?'))[:10]}" + (f"  {escape(line[0])}" if line else ""))
+    else:
+        out.print(f"history:  {len(commits)} commit(s): "
+                  + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5])
+                  + (f" … (`snapver patch show {escape(name)} --history`)" if len(commits) > 5 else ""))
     if folder.is_dir():
         out.print(f"checkout: {escape(str(folder))}")
     out.print(f"files:    {len(patch.files)}")

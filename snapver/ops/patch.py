@@ -184,8 +184,9 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
                         meta: dict[str, Any], old_tip: str | None) -> str:
     """Commit a patch tree and move the patch ref (compare-and-swap against ``old_tip``).
 
-    The commit is made on a scratch ref and the patch ref moved after, because a
-    rebase's new commit does not descend from the old tip (the store moves a ref only forward).
+    Every version stays reachable: when ``parent`` is not the old tip (a rebase: the new
+    base), the old tip is the commit's second parent. The commit is made on a scratch
+    ref and the patch ref moved after (the store moves a ref only forward).
     """
     scratch = f"refs/snapver/scratch/{name}-{os.getpid()}"
     now = datetime.now(timezone.utc)
@@ -198,8 +199,9 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
         with store.importer() as importer:
             for data in blobs:
                 importer.add_blob(data)
+            previous = (old_tip,) if old_tip is not None and old_tip != parent else ()
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
-                                   now)
+                                   now, also_parents=previous)
         commit = importer.results[mark]
         try:
             store.update_ref(refs.patch_ref(name), commit, old_tip or "0" * 40)
@@ -641,9 +643,13 @@ def _excludes(config: Config, patch: Patch) -> tuple[str, ...]:
 
 
 def delete_patch(store: Store, name: str) -> Patch:
+    """Delete a patch's name; its history moves to ``refs.deleted_patch_ref`` (push records
+    may name any of its versions, so they stay in the store)."""
     patch = load_patch(store, name, with_files=False)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{patch.commit[:10]}"
     with store.lock():
-        store.git("update-ref", "-d", refs.patch_ref(name), patch.commit)
+        store.git("update-ref", "--stdin", input=(f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {patch.commit}\n"
+                                                  f"delete {refs.patch_ref(name)} {patch.commit}\ncommit\n").encode())
     return patch
 
 

@@ -9,6 +9,7 @@ from snapver.errors import UsageError
 NODES = "refs/heads/nodes/"
 PATCHES = "refs/heads/patches/"
 PUSHES = "refs/heads/pushes/"
+DELETED_PATCHES = "refs/heads/deleted-patches/"
 TAGS = "refs/tags/"
 
 
@@ -19,6 +20,11 @@ def node_ref(node: str) -> str:
 
 def patch_ref(name: str) -> str:
     return PATCHES + name
+
+
+def deleted_patch_ref(name: str, stamp: str) -> str:
+    """Where a deleted patch's history is kept (push records may name its commits)."""
+    return f"{DELETED_PATCHES}{name}/{stamp}"
 
 
 def push_ref(node: str) -> str:
