@@ -31,7 +31,7 @@ from snapver.store import refs
 from snapver.store.pack import current_umask
 from snapver.store.repo import Store, blob_oid, format_message, git_timeout
 from snapver.transport import agent
-from snapver.unidiff import FileDiff, apply_hunks, parse_diff
+from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
 CHECKOUTS = ".snapver-patches"
 MARKER = ".snapver-checkout"
@@ -357,10 +357,14 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
                              hint="snapver never writes through a symlink")
         if diff.created and current(target)[0] is not None:
             raise PatchError(f"{source}: {target}: the diff creates it, but it already exists in the base")
+        if old_entry is not None and diff.binary_delta is not None:
+            check_delta_base(old, diff.old_oid, old_entry.oid, f"base {base.commit[:10]} ({base.node})", source)
         if old_entry is not None:
             _check_oid(old, diff.old_oid, old_entry.oid, "old", base, source)
         if diff.binary is not None:
             new_data = diff.binary
+        elif diff.binary_delta is not None:
+            new_data = apply_delta(f"{source}: {target if old is None else old}", old_data or b"", diff.binary_delta)
         else:
             new_data = apply_hunks(target if old is None else old, old_data or b"", diff.hunks)
         if diff.deleted:
