@@ -230,7 +230,7 @@ def rebase(
         out.print(f"patch {escape(name)} is already based on {result.onto[:10]}")
         return 0
     for item in result.files:
-        colour = {"conflict": "red", "dropped": "cyan"}.get(item.outcome, "green")
+        colour = {"conflict": "red", "dropped": "cyan", "kept": "yellow"}.get(item.outcome, "green")
         detail = f": {escape(item.detail)}" if item.detail else ""
         out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {show_path(item.path)}{detail}")
     if result.rebased:

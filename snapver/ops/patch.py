@@ -26,6 +26,7 @@ from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
 from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.ops.broken import BrokenFile, broken_files
+from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
@@ -34,6 +35,7 @@ from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
 CHECKOUTS = ".snapver-patches"
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's id of the empty tree
 MARKER = ".snapver-checkout"
 
 
@@ -106,8 +108,18 @@ def load_patch(store: Store, name: str, with_files: bool = True) -> Patch:
                   nodes=tuple(meta.get("nodes", [])), message=meta.get("message", ""),
                   time=commit.time.astimezone(), paths=tuple(meta.get("paths") or DEFAULT_PATHS), meta=meta)
     if with_files:
-        patch.files = changed_files(store.manifest(patch.base), store.manifest(tip))
+        patch.files = _with_kept(changed_files(store.manifest(patch.base), store.manifest(tip)),
+                                 store.manifest(tip), meta.get("keeps") or [])
     return patch
+
+
+def _with_kept(files: list[PatchFile], tree: Manifest, keeps: list[str]) -> list[PatchFile]:
+    """``files`` plus the files a rebase kept as added although the new base holds them
+    too, only left behind there (see ``rebase_patch``): a push adds them where absent."""
+    listed = {f.path for f in files}
+    kept = [PatchFile(path, "A", None, tree.entries[path]) for path in keeps
+            if path not in listed and path in tree.entries]
+    return sorted(files + kept, key=lambda f: os.fsencode(f.path)) if kept else files
 
 
 def with_warnings(store: Store, patch: Patch) -> Patch:
@@ -136,10 +148,14 @@ def export_patch(store: Store, name: str) -> bytes:
     modes, new and deleted files and binary content are exactly what git writes.
     """
     patch = load_patch(store, name, with_files=False)
-    return store.git("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
-                     "diff", "--no-renames", "--binary", "--full-index", "--no-ext-diff", "--no-textconv",
-                     "--no-color", "--src-prefix=a/", "--dst-prefix=b/", patch.base, patch.commit,
-                     "--", ".", ":(exclude).snapver")
+    flags = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
+             "diff", "--no-renames", "--binary", "--full-index", "--no-ext-diff", "--no-textconv",
+             "--no-color", "--src-prefix=a/", "--dst-prefix=b/")
+    kept = [f.path for f in load_patch(store, name).files if f.base is None and f.path in (patch.meta.get("keeps") or [])]
+    changed = store.git(*flags, patch.base, patch.commit, "--", ".", ":(exclude).snapver")
+    # Files a rebase kept (the base holds them only as leftovers): added, from nothing.
+    added = store.git(*flags, EMPTY_TREE, patch.commit, "--", *(f":(literal){p}" for p in kept)) if kept else b""
+    return changed + added
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -635,6 +651,7 @@ def save_patch(store: Store, config: Config, name: str, message: str = "") -> Sa
     meta.pop("rebased_from", None)
     if rebasing:
         meta["rebased_from"] = tip
+        meta["keeps"] = marker.get("keeps") or []
     commit = _write_patch_commit(store, name, parent, scanned, new_content.values(), meta, tip)
     marker.update({"head": commit, "parent": commit, "base": base_id})
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
@@ -661,7 +678,7 @@ def delete_patch(store: Store, name: str) -> Patch:
 @dataclass(frozen=True)
 class RebasedFile:
     path: str
-    outcome: str  # "clean", "merged", "dropped" (already in the new base), "conflict"
+    outcome: str  # "clean", "merged", "dropped" (already in the new base), "kept" (there only as a leftover), "conflict"
     detail: str = ""
 
 
@@ -709,13 +726,23 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
     if onto.commit == patch.base:
         return RebaseResult(patch, onto.commit, [], False)
     labels = (name, f"base {patch.base[:10]}", f"onto {onto.commit[:10]}")
+    shipped_rows = recorded(store, onto.commit)
+    keeps: list[str] = []
     results: list[RebasedFile] = []
     changes: dict[str, tuple[Entry | None, bytes | None]] = {}
     overrides: dict[str, bytes] = {}
     for item in patch.files:
         new_base = onto.manifest.get(item.path)
         old, mine = item.base, item.patch
-        if _entry_key(new_base) == _entry_key(mine):
+        if _entry_key(new_base) == _entry_key(mine) and old is None and mine is not None and mine.kind == FILE \
+                and not shipped(shipped_rows, mine, store.read_blob(mine.oid)):
+            # The new base has the added file, but not as a file of its release (pip leaves
+            # what RECORD does not list): keep adding it, or a fresh node never gets it.
+            keeps.append(item.path)
+            results.append(RebasedFile(item.path, "kept", "in the new base only as a leftover"
+                                       if shipped_rows is not None else
+                                       "in the new base, which has no RECORD saying it ships it"))
+        elif _entry_key(new_base) == _entry_key(mine):
             results.append(RebasedFile(item.path, "dropped", "the new base already has it"))
         elif _entry_key(new_base) == _entry_key(old):
             results.append(RebasedFile(item.path, "clean"))
@@ -751,13 +778,13 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
             _require_clean_checkout(store, config, patch, folder)
             shutil.rmtree(folder)
         marker = {"name": name, "store": str(store.path), "head": patch.commit, "parent": onto.commit,
-                  "base": onto.commit, "paths": list(onto.paths), "rebasing": True}
+                  "base": onto.commit, "paths": list(onto.paths), "rebasing": True, "keeps": keeps}
         full = {p: d for p, (e, d) in changes.items() if e is not None and d is not None}
         _write_checkout(store, folder, manifest, marker, {**full, **overrides})
         return RebaseResult(patch, onto.commit, results, False, folder)
     files = len(changed_files(onto.manifest, manifest))
-    meta = {**patch.meta, **_patch_meta(onto, patch.nodes, patch.message, "rebase", files),
-            "rebased_from": patch.commit}
+    meta = {**patch.meta, **_patch_meta(onto, patch.nodes, patch.message, "rebase", files + len(keeps)),
+            "rebased_from": patch.commit, "keeps": keeps}
     _write_patch_commit(store, name, onto.commit, manifest, blobs, meta, patch.commit)
     return RebaseResult(with_warnings(store, load_patch(store, name)), onto.commit, results, True)
 
