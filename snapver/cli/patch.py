@@ -183,7 +183,8 @@ def show(
         out.print(f"history:  {len(commits)} version(s), newest first")
         for c in commits:
             line = str(c.meta.get("message") or "").splitlines()
-            out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {escape(str(c.meta.get('source', '?'))):<7}"
+            source = escape(str(c.meta.get("source", "?")))
+            out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {source:<7}"
                       f"  base {str(c.meta.get('base', '?'))[:10]}" + (f"  {escape(line[0])}" if line else ""))
     else:
         out.print(f"history:  {len(commits)} commit(s): "

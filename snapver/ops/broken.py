@@ -72,7 +72,8 @@ def syntax_error(path: str, data: bytes) -> BrokenFile | None:
     return None
 
 
-def broken_files(files: Iterable[Any], read_blob: Callable[[str], bytes], compile_here: bool = True) -> list[BrokenFile]:
+def broken_files(files: Iterable[Any], read_blob: Callable[[str], bytes],
+                 compile_here: bool = True) -> list[BrokenFile]:
     """The files of a patch (``PatchFile``s) that hold new conflict markers, or (``compile_here``)
     Python this interpreter cannot compile; sorted by path."""
     found: list[BrokenFile] = []

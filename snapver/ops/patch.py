@@ -151,7 +151,8 @@ def export_patch(store: Store, name: str) -> bytes:
     flags = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
              "diff", "--no-renames", "--binary", "--full-index", "--no-ext-diff", "--no-textconv",
              "--no-color", "--src-prefix=a/", "--dst-prefix=b/")
-    kept = [f.path for f in load_patch(store, name).files if f.base is None and f.path in (patch.meta.get("keeps") or [])]
+    keeps = patch.meta.get("keeps") or []
+    kept = [f.path for f in load_patch(store, name).files if f.base is None and f.path in keeps] if keeps else []
     changed = store.git(*flags, patch.base, patch.commit, "--", ".", ":(exclude).snapver")
     # Files a rebase kept (the base holds them only as leftovers): added, from nothing.
     added = store.git(*flags, EMPTY_TREE, patch.commit, "--", *(f":(literal){p}" for p in kept)) if kept else b""
@@ -669,8 +670,9 @@ def delete_patch(store: Store, name: str) -> Patch:
     patch = load_patch(store, name, with_files=False)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{patch.commit[:10]}"
     with store.lock():
-        store.git("update-ref", "--stdin", input=(f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {patch.commit}\n"
-                                                  f"delete {refs.patch_ref(name)} {patch.commit}\ncommit\n").encode())
+        moves = (f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {patch.commit}\n"
+                 f"delete {refs.patch_ref(name)} {patch.commit}\ncommit\n")
+        store.git("update-ref", "--stdin", input=moves.encode())
     return patch
 
 
@@ -678,7 +680,8 @@ def delete_patch(store: Store, name: str) -> Patch:
 @dataclass(frozen=True)
 class RebasedFile:
     path: str
-    outcome: str  # "clean", "merged", "dropped" (already in the new base), "kept" (there only as a leftover), "conflict"
+    # "clean", "merged", "dropped" (already in the new base), "kept" (there only as a leftover), "conflict"
+    outcome: str
     detail: str = ""
 
 

@@ -93,7 +93,9 @@ def deployment_pythons(site_packages: str | None) -> list[str]:
 _BOOTSTRAP = """import sys,zlib
 if sys.version_info<({major},{minor}):
  import json,struct;i=sys.stdin.buffer;o=sys.stdout.buffer;i.read({size})
- v="%d.%d.%d"%tuple(sys.version_info[:3]);m=json.dumps({{"error":"Python "+v+" is too old (snapver needs \\u2265 {major}.{minor})","kind":"too_old","python_version":v,"python":sys.executable}}).encode()
+ v="%d.%d.%d"%tuple(sys.version_info[:3])
+ e="Python "+v+" is too old (snapver needs \\u2265 {major}.{minor})"
+ m=json.dumps({{"error":e,"kind":"too_old","python_version":v,"python":sys.executable}}).encode()
  o.write(struct.pack(">I",len(m))+m);o.flush()
  while i.read(65536):pass
  sys.exit(0)

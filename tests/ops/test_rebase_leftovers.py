@@ -38,7 +38,8 @@ def test_rebase_keeps_an_added_file_the_new_base_has_only_as_a_leftover(sshd, ss
 
     rebased = run("patch", "rebase", "hook", "--onto", "ct200")
     assert rebased.code == 0, rebased
-    lines = {line.split()[1].rstrip(":"): " ".join(line.split()) for line in rebased.out.splitlines() if line.startswith("  ")}
+    lines = {line.split()[1].rstrip(":"): " ".join(line.split())
+             for line in rebased.out.splitlines() if line.startswith("  ")}
     assert lines[HOOK] == f"kept {HOOK}: in the new base only as a leftover"
     assert lines[SHIPPED] == f"dropped {SHIPPED}: the new base already has it"
 
