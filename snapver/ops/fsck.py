@@ -78,7 +78,7 @@ def fsck(store: Store) -> FsckResult:
 
 
 # The commits a record or a patch names in its metadata: each must stay in the store.
-_NAMED = {"push": ("patch_commit", "base", "before", "after", "restore"), "patch": ("base", "rebased_from")}
+_NAMED = {"push": ("patch_commit", "base", "before", "after", "restore", "target"), "patch": ("base", "rebased_from")}
 
 
 def _check_named_commits(store: Store, commits: list[Commit], result: FsckResult) -> None:
