@@ -18,7 +18,7 @@ from typing import Any, Callable
 from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
-from snapver.ops.broken import BrokenFile, conflict_markers
+from snapver.ops.broken import BrokenFile, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, NodeRun, PushState,
                               Record, Step, check_paths, execute, newest_record, open_node, within)
@@ -117,8 +117,13 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[s
         # The node's own Python judges the .py files this push would write there.
         landing = [(s.path, python_sources[s.path]) for s in plan.steps
                    if s.action == WRITE and s.path in python_sources]
-        for path, (line, message) in sorted(plan.transport.compile_sources(landing).items()):
+        refused, too_large = plan.transport.compile_sources(landing)
+        for path, (line, message) in sorted(refused.items()):
             broken.append(BrokenFile(path, line, message, spec.name))
+        for path in too_large:  # beyond what the node holds at once: this Python judges it
+            problem = syntax_error(path, python_sources[path])
+            if problem is not None:
+                broken.append(problem)
     except SnapverError as exc:
         plan.error = exc
         plan.close()

@@ -445,17 +445,21 @@ class Transport(ABC):
         self.call("ping")
         return time.monotonic() - began
 
-    def compile_sources(self, sources: list[tuple[str, bytes]]) -> dict[str, tuple[int | None, str]]:
+    def compile_sources(self, sources: list[tuple[str, bytes]]
+                        ) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
         """Compile each (path, Python source) with the node's own interpreter (nothing is
-        written there): ``{path: (line, message)}`` for every source it refuses."""
+        written there): ``({path: (line, message)}`` for every source it refuses, the paths
+        too large for the node to hold and compile``)``."""
         if not sources:
-            return {}
+            return {}, []
         reply = self.request("compile", files=[[path, len(data)] for path, data in sources])
         for _, data in sources:
             self.send_stream(data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
-        errors = reply().get("errors") or {}
-        return {str(path): (found[0] if isinstance(found[0], int) else None, str(found[1]))
-                for path, found in errors.items() if isinstance(found, list) and len(found) == 2}
+        answer = reply()
+        errors = answer.get("errors") or {}
+        return ({str(path): (found[0] if isinstance(found[0], int) else None, str(found[1]))
+                 for path, found in errors.items() if isinstance(found, list) and len(found) == 2},
+                [str(path) for path in answer.get("unchecked") or ()])
 
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""

@@ -59,6 +59,8 @@ def test_conflict_markers_left_by_a_rebase_are_never_pushed(node: Path, run_snap
     pushed = run("push", "conf", "ct200", "--yes", "--allow-broken")
     assert pushed.code == 0, pushed
     assert "<<<<<<< conf" in (node / MOD).read_text()
+    compiled = subprocess.run([sys.executable, "-m", "py_compile", str(node / MOD)], capture_output=True, text=True)
+    assert compiled.returncode == 1 and "SyntaxError" in compiled.stderr  # what it refused to deploy
     record = records(tmp_path / "snapshots", "ct200")[0]
     assert record["allow_broken"] is True and record["state"] == "done"
     assert record["broken"][0] == f"{MOD}:1: unresolved conflict marker '<<<<<<< conf'"
@@ -77,6 +79,7 @@ def test_python_that_does_not_compile_is_refused_with_line_and_message(node: Pat
     assert refused.code == 1
     assert f"{MOD}:1: SyntaxError: " in refused.err and "(on ct200's Python)" in refused.err
     assert (node / MOD).read_text() == "x = 1\n" and (node / "sglang/srt/other.py").read_text() == "y = 1\n"
+    assert subprocess.run([sys.executable, "-m", "compileall", "-q", str(node)], capture_output=True).returncode == 0
     dry = run("push", "bad", "ct200", "--dry-run", "--json")
     assert dry.code == 1
     assert [b["path"] for b in json.loads(dry.out)["broken"]] == [MOD]
@@ -101,3 +104,21 @@ def test_the_node_python_decides(sshd, ssh_node, make_site_packages, write_confi
         assert (site / MOD).read_text() == "x = 1\n"
     else:
         assert result.code == 0, result
+
+
+def test_the_compile_op_holds_one_bounded_file_at_a_time(node: Path, tmp_path: Path) -> None:
+    """The agent compiles each streamed source on its own; one larger than it holds at once
+    is listed unchecked (never read into memory), and the session stays in step."""
+    from snapver.config import load_config
+    from snapver.transport.agent import COMPILE_MAX
+    from snapver.transport.connect import open_transport
+
+    spec = load_config(str(tmp_path / ".snapver")).nodes["ct200"]
+    sources = [("sglang/srt/bad.py", b"x = 1\ndef f(:\n"), ("sglang/srt/big.py", b"#" * (COMPILE_MAX + 1)),
+               ("sglang/srt/ok.py", b"# -*- coding: latin-1 -*-\ns = '\xe9'\n"), ("sglang/srt/nul.py", b"x = 1\0\n")]
+    with open_transport(spec) as transport:
+        errors, unchecked = transport.compile_sources(sources)
+        assert sorted(errors) == ["sglang/srt/bad.py", "sglang/srt/nul.py"]
+        assert errors["sglang/srt/bad.py"][0] == 2 and errors["sglang/srt/bad.py"][1].startswith("SyntaxError: ")
+        assert unchecked == ["sglang/srt/big.py"]
+        assert [e.path for e in transport.list_tree().entries] == ["sglang/srt/mod.py", "sglang/srt/other.py"]
