@@ -21,7 +21,7 @@ from snapver.model import Change, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
-from snapver.ops.verify import RecordEntry, hash_like_record, read_record
+from snapver.ops.verify import RecordEntry, hash_like_record, read_known_records
 from snapver.store import refs
 from snapver.store.repo import Store
 from snapver.transport.base import Transport
@@ -164,7 +164,7 @@ def label_drift(transport: Transport, row: NodeStatus, changes: list[Change],
     """Say of every drifted path whether its live state is pristine, a known patch, or a hot-fix."""
     record: dict[str, RecordEntry] | None = None
     try:
-        record, _ = read_record(transport)
+        record = read_known_records(transport)
     except SnapverError as exc:
         row.record_missing = exc.message
     pristine: set[str] = set()

@@ -116,6 +116,13 @@ def read_record(transport: Transport) -> tuple[dict[str, RecordEntry], list[Dist
     return record, dists
 
 
+def read_known_records(transport: Transport) -> dict[str, RecordEntry]:
+    """Every dist-info's RECORD rows for tracked paths, the installed one's winning: what
+    any install put there (a leftover's files are pristine leftovers, not hot-fixes)."""
+    record, _, _, leftover_record = read_records(transport)
+    return {**leftover_record, **record}
+
+
 _VERSION_LINE = re.compile(rb"""^\s*__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
 
 
