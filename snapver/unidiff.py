@@ -14,7 +14,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
-from snapver.errors import PatchError
+from snapver.errors import ConflictError, PatchError
 from snapver.model import unquote_path
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -61,6 +61,7 @@ class FileDiff:
     copy: bool = False
     hunks: list[Hunk] = field(default_factory=list)
     binary: bytes | None = None  # a `GIT binary patch` literal: the new content
+    binary_delta: bytes | None = None  # a `GIT binary patch` delta: instructions against the old blob
 
     @property
     def deleted(self) -> bool:
@@ -322,15 +323,16 @@ def _drop_newline(hunk: Hunk) -> None:
 
 
 def _parse_binary(lines: list[bytes], i: int, diff: FileDiff, source: str) -> int:
-    """A ``GIT binary patch``: the forward ``literal`` block is decoded, a ``delta`` refused."""
+    """A ``GIT binary patch``: the forward block is decoded — a ``literal`` (the new content)
+    or a ``delta`` (git's copy/insert instructions against the old blob, see ``apply_delta``)."""
     if i >= len(lines) or not lines[i].startswith((b"literal ", b"delta ")):
         raise PatchError(f"{source}, line {i + 1}: {diff.new_path or diff.old_path}: malformed binary patch")
     name = diff.new_path or diff.old_path
-    if lines[i].startswith(b"delta "):
-        raise PatchError(f"{source}, line {i + 1}: {name}: binary deltas are not supported",
-                         hint="make the diff with `git diff --binary --full-index` against an empty file, "
-                         "or add the file whole")
-    size = int(lines[i].split()[1])
+    is_delta = lines[i].startswith(b"delta ")
+    try:
+        size = int(lines[i].split()[1])
+    except (IndexError, ValueError):
+        raise PatchError(f"{source}, line {i + 1}: {name}: malformed binary patch") from None
     if not 0 <= size < 1 << 40:
         raise PatchError(f"{source}, line {i + 1}: {name}: impossible binary size {size}")
     i += 1
@@ -346,15 +348,85 @@ def _parse_binary(lines: list[bytes], i: int, diff: FileDiff, source: str) -> in
     inflater = zlib.decompressobj()
     try:
         # Never inflate past the size the patch states: a small literal can expand a thousandfold.
-        diff.binary = inflater.decompress(bytes(encoded), size + 1)
+        inflated = inflater.decompress(bytes(encoded), size + 1)
     except zlib.error as exc:
         raise PatchError(f"{source}: {name}: corrupt binary patch: {exc}") from exc
-    if len(diff.binary) != size:
-        raise PatchError(f"{source}: {name}: binary patch size {len(diff.binary)} is not the {size} it states")
+    if len(inflated) != size:
+        raise PatchError(f"{source}: {name}: binary patch size {len(inflated)} is not the {size} it states")
+    if is_delta:
+        diff.binary_delta = inflated
+    else:
+        diff.binary = inflated
     # Skip the reverse block (if any) up to the next section.
     while i < len(lines) and not lines[i].startswith((b"diff --git ", b"--- ")):
         i += 1
     return i
+
+
+def _varint(delta: bytes, at: int, path: str) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(delta):
+            raise PatchError(f"{path}: corrupt binary delta (it ends inside its header)")
+        byte = delta[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def check_delta_base(path: str, claimed: str | None, actual: str, base: str, source: str) -> None:
+    """A binary delta applies only to the blob its ``index`` line names: another one is a
+    ConflictError naming the file (an all-zero or absent id checks nothing)."""
+    if claimed and set(claimed) != {"0"} and not actual.startswith(claimed):
+        raise ConflictError(f"{source}: {path}: conflict: the binary delta was made against blob {claimed}, "
+                            f"but {base} holds {actual[:len(claimed)]}",
+                            hint="is --base the snapshot the diff was made against?")
+
+
+def apply_delta(path: str, original: bytes, delta: bytes) -> bytes:
+    """Apply a git binary delta (the pack format: source size, result size, then copy and
+    insert instructions) to ``original``. A source of another size is a ConflictError
+    naming the file; a malformed delta a PatchError."""
+    source_size, at = _varint(delta, 0, path)
+    result_size, at = _varint(delta, at, path)
+    if source_size != len(original):
+        raise ConflictError(f"{path}: conflict: the binary delta was made against a {source_size}-byte file, "
+                            f"the base holds {len(original)} bytes",
+                            hint="is --base the snapshot the diff was made against?")
+    out = bytearray()
+    while at < len(delta):
+        command = delta[at]
+        at += 1
+        if command & 0x80:  # copy: offset and size from the bytes its bits announce
+            offset = size = 0
+            for bit in range(4):
+                if command & (1 << bit):
+                    if at >= len(delta):
+                        raise PatchError(f"{path}: corrupt binary delta (a copy is cut short)")
+                    offset |= delta[at] << (8 * bit)
+                    at += 1
+            for bit in range(3):
+                if command & (0x10 << bit):
+                    if at >= len(delta):
+                        raise PatchError(f"{path}: corrupt binary delta (a copy is cut short)")
+                    size |= delta[at] << (8 * bit)
+                    at += 1
+            size = size or 0x10000
+            if offset + size > len(original) or len(out) + size > result_size:
+                raise PatchError(f"{path}: corrupt binary delta (a copy reaches past its source or result)")
+            out += original[offset:offset + size]
+        elif command:  # insert the next `command` bytes
+            if at + command > len(delta) or len(out) + command > result_size:
+                raise PatchError(f"{path}: corrupt binary delta (an insert is cut short or too long)")
+            out += delta[at:at + command]
+            at += command
+        else:
+            raise PatchError(f"{path}: corrupt binary delta (instruction 0 is reserved)")
+    if len(out) != result_size:
+        raise PatchError(f"{path}: corrupt binary delta: it makes {len(out)} bytes, not the {result_size} it states")
+    return bytes(out)
 
 
 def apply_hunks(path: str, original: bytes, hunks: list[Hunk]) -> bytes:

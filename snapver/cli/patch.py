@@ -33,6 +33,14 @@ def _report(patch: "object", how: str, files: "object" = None) -> None:
               f"{patch.base[:10]} ({escape(patch.base_node)})")
     for item in patch.files if files is None else files:  # type: ignore[attr-defined]
         out.print(_status_line(item.status, item.path))
+    _warn_broken(patch)
+
+
+def _warn_broken(patch: "object") -> None:
+    """A warning per file a push would refuse (conflict markers, Python that does not compile)."""
+    err = console(stderr=True)
+    for broken in getattr(patch, "broken", []):
+        err.print(f"warning: {escape(str(broken))} — `snapver push` refuses it until fixed")
 
 
 @patch_app.command("new")
@@ -154,6 +162,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
 @patch_app.command("show")
 def show(
     name: str = typer.Argument(..., help="The patch's name."),
+    all_history: bool = typer.Option(False, "--history", help="List every version of the patch, with dates."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """A patch's base, targets, message, history and files."""
@@ -166,7 +175,8 @@ def show(
     folder = checkout_folder(store, name)
     if json_out:
         emit_json({**patch.to_json(), "history": [{"id": c.id, "time": c.time.isoformat(),
-                                                    "source": c.meta.get("source")} for c in commits],
+                                                    "source": c.meta.get("source"), "base": c.meta.get("base")}
+                                                   for c in commits],
                    "checkout": str(folder) if folder.is_dir() else None})
         return 0
     out = console()
@@ -178,8 +188,17 @@ def show(
     out.print(f"date:     {patch.time:%Y-%m-%d %H:%M:%S %z}")
     if patch.message:
         out.print(f"message:  {escape(patch.message)}")
-    out.print(f"history:  {len(commits)} commit(s): "
-              + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5]))
+    if all_history:
+        out.print(f"history:  {len(commits)} version(s), newest first")
+        for c in commits:
+            line = str(c.meta.get("message") or "").splitlines()
+            source = escape(str(c.meta.get("source", "?")))
+            out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {source:<7}"
+                      f"  base {str(c.meta.get('base', '?'))[:10]}" + (f"  {escape(line[0])}" if line else ""))
+    else:
+        out.print(f"history:  {len(commits)} commit(s): "
+                  + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5])
+                  + (f" … (`snapver patch show {escape(name)} --history`)" if len(commits) > 5 else ""))
     if folder.is_dir():
         out.print(f"checkout: {escape(str(folder))}")
     out.print(f"files:    {len(patch.files)}")
@@ -221,11 +240,12 @@ def rebase(
         out.print(f"patch {escape(name)} is already based on {result.onto[:10]}")
         return 0
     for item in result.files:
-        colour = {"conflict": "red", "dropped": "cyan"}.get(item.outcome, "green")
+        colour = {"conflict": "red", "dropped": "cyan", "kept": "yellow"}.get(item.outcome, "green")
         detail = f": {escape(item.detail)}" if item.detail else ""
         out.print(f"  [{colour}]{item.outcome:<8}[/{colour}] {show_path(item.path)}{detail}")
     if result.rebased:
         out.print(f"patch {escape(name)}: rebased onto {result.onto[:10]} as {result.patch.commit[:10]}")
+        _warn_broken(result.patch)
         return 0
     err = console(stderr=True)
     err.print(f"snapver: error: patch {escape(name)}: {len(result.conflicts)} file(s) conflict; nothing recorded")

@@ -85,6 +85,8 @@ def push(
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
     force: bool = typer.Option(False, "--force", help="Overwrite files that are neither the base nor the patch."),
+    allow_broken: bool = typer.Option(False, "--allow-broken", help="Push files with conflict markers or that "
+                                      "do not compile under the node's Python (recorded)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes when one fails."),
     health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
@@ -97,28 +99,31 @@ def push(
     config = STATE.config()
     store = STATE.store(config)
     out = console()
-    with plan_push(store, config, patch, targets or [], all_nodes, force) as plan:
+    with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
         if not json_out:
             names = ", ".join(n.node for n in plan.nodes)
             out.print(f"push {escape(patch)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
                       f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))
             for node in plan.nodes:
                 render_node_plan(node)
+            for broken in plan.broken:
+                label = "[yellow]broken, pushed anyway[/yellow]" if plan.allow_broken else "[red]broken[/red]"
+                out.print(f"{label}: {escape(str(broken))}")
         if plan.nothing_to_do:
             if json_out:
                 emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": 0})
             else:
                 out.print("nothing to do: every node already has the patch; nothing recorded")
             return 0
-        if dry_run or plan.conflicts or (plan.errors and not keep_going):
+        if dry_run or plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
             if json_out:
-                code = 1 if plan.conflicts else max((n.error.exit_code for n in plan.errors if n.error), default=0)
+                code = 1 if plan.conflicts or plan.refused_broken else max((n.error.exit_code for n in plan.errors if n.error), default=0)
                 emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": code})
-            if dry_run and not plan.conflicts and not plan.errors:
+            if dry_run and not plan.conflicts and not plan.errors and not plan.refused_broken:
                 if not json_out:
                     out.print("dry run: nothing written")
                 return 0
-            apply_push(store, plan)  # raises the refusal (conflicts or an unreachable node)
+            apply_push(store, plan)  # raises the refusal (conflicts, broken files or an unreachable node)
         writes = sum(len(n.writes) for n in plan.nodes)
         busy = [n.node for n in plan.nodes if n.writes]
         if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):

@@ -37,6 +37,11 @@ def verify(
                 sys.stdout.buffer.write(f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape"))
         sys.stdout.flush()
         against = escape(", ".join(result.dists))
+        for leftover in result.leftovers:
+            out.print(f"{name}: leftover {escape(leftover)}: Python imports {against}; "
+                      f"{len(result.leftover_files)} file(s) only it lists are left over too (not changes)")
+        if result.remove_leftovers:
+            out.print(f"{name}: remove the leftover with: {escape(result.remove_leftovers)}")
         if result.unverifiable:
             out.print(f"{name}: {len(result.unverifiable)} file(s) RECORD lists without a hash (unverifiable)")
         verdict = "[green]pristine[/green]" if result.clean else (

@@ -15,7 +15,7 @@ from typing import Iterator
 import blake3
 
 from snapver.errors import GitTimeoutError, StoreError
-from snapver.model import MANIFEST_PATH, Manifest
+from snapver.model import MANIFEST_PATH, Manifest, is_git_id
 from snapver.store.pack import GIT_TEMP_PREFIXES
 from snapver.store.repo import Commit, GitStream, Store, blob_oid, run_git
 
@@ -46,6 +46,7 @@ def fsck(store: Store) -> FsckResult:
     _git_fsck(store, result)
     tips = _check_refs(store, result)
     commits = _commits(store, tips, result)
+    _check_named_commits(store, commits, result)
     manifests: list[tuple[Commit, Manifest]] = []
     with_manifest = [c.id for c in commits if c.meta.get("kind") in ("snapshot", "patch", "push")]
     found = _batch_check(store, "%(objectname)", [f"{commit}:{MANIFEST_PATH}" for commit in with_manifest])
@@ -74,6 +75,25 @@ def fsck(store: Store) -> FsckResult:
     _check_content(store, manifests, result)
     _note_temp_packs(store.path, result)
     return result
+
+
+# The commits a record or a patch names in its metadata: each must stay in the store.
+_NAMED = {"push": ("patch_commit", "base", "before", "after", "restore", "target"), "patch": ("base", "rebased_from")}
+
+
+def _check_named_commits(store: Store, commits: list[Commit], result: FsckResult) -> None:
+    """Every commit a push record or patch names must exist and be reachable from a ref
+    (else `git gc` deletes it, and rollback or history lose it)."""
+    reachable = {commit.id for commit in commits}
+    named = [(commit, key, str(commit.meta.get(key))) for commit in commits
+             for key in _NAMED.get(str(commit.meta.get("kind")), ())
+             if is_git_id(str(commit.meta.get(key))) and str(commit.meta.get(key)) not in reachable]
+    if not named:
+        return
+    found = _batch_check(store, "%(objecttype)", sorted({oid for _, _, oid in named}))
+    for commit, key, oid in named:
+        why = "which is not in the store" if found.get(oid) is None else "which no ref keeps (`git gc` would delete it)"
+        result.problems.append(f"{_label(commit)} names {key} {oid[:10]}, {why}")
 
 
 def _label(commit: Commit) -> str:

@@ -25,14 +25,17 @@ import blake3
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
 from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
+from snapver.ops.broken import BrokenFile, broken_files
+from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
 from snapver.store.repo import Store, blob_oid, format_message, git_timeout
 from snapver.transport import agent
-from snapver.unidiff import FileDiff, apply_hunks, parse_diff
+from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
 CHECKOUTS = ".snapver-patches"
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's id of the empty tree
 MARKER = ".snapver-checkout"
 
 
@@ -66,12 +69,14 @@ class Patch:
     paths: tuple[str, ...]
     meta: dict[str, Any]
     files: list[PatchFile] = field(default_factory=list)
+    broken: list[BrokenFile] = field(default_factory=list)  # set by the verbs that warn (save, import, rebase)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "commit": self.commit, "base": self.base, "base_node": self.base_node,
                 "nodes": list(self.nodes), "message": self.message, "time": self.time.isoformat(),
                 "paths": list(self.paths),
-                "files": [{"path": f.path, "status": f.status} for f in self.files]}
+                "files": [{"path": f.path, "status": f.status} for f in self.files],
+                "broken": [b.to_json() for b in self.broken]}
 
 
 def changed_files(base: Manifest, patched: Manifest) -> list[PatchFile]:
@@ -103,7 +108,24 @@ def load_patch(store: Store, name: str, with_files: bool = True) -> Patch:
                   nodes=tuple(meta.get("nodes", [])), message=meta.get("message", ""),
                   time=commit.time.astimezone(), paths=tuple(meta.get("paths") or DEFAULT_PATHS), meta=meta)
     if with_files:
-        patch.files = changed_files(store.manifest(patch.base), store.manifest(tip))
+        patch.files = _with_kept(changed_files(store.manifest(patch.base), store.manifest(tip)),
+                                 store.manifest(tip), meta.get("keeps") or [])
+    return patch
+
+
+def _with_kept(files: list[PatchFile], tree: Manifest, keeps: list[str]) -> list[PatchFile]:
+    """``files`` plus the files a rebase kept as added although the new base holds them
+    too, only left behind there (see ``rebase_patch``): a push adds them where absent."""
+    listed = {f.path for f in files}
+    kept = [PatchFile(path, "A", None, tree.entries[path]) for path in keeps
+            if path not in listed and path in tree.entries]
+    return sorted(files + kept, key=lambda f: os.fsencode(f.path)) if kept else files
+
+
+def with_warnings(store: Store, patch: Patch) -> Patch:
+    """``patch`` with ``broken`` set: its files holding new conflict markers or Python that
+    does not compile here (what a push would refuse)."""
+    patch.broken = broken_files(patch.files, store.read_blob)
     return patch
 
 
@@ -126,10 +148,15 @@ def export_patch(store: Store, name: str) -> bytes:
     modes, new and deleted files and binary content are exactly what git writes.
     """
     patch = load_patch(store, name, with_files=False)
-    return store.git("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
-                     "diff", "--no-renames", "--binary", "--full-index", "--no-ext-diff", "--no-textconv",
-                     "--no-color", "--src-prefix=a/", "--dst-prefix=b/", patch.base, patch.commit,
-                     "--", ".", ":(exclude).snapver")
+    flags = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
+             "diff", "--no-renames", "--binary", "--full-index", "--no-ext-diff", "--no-textconv",
+             "--no-color", "--src-prefix=a/", "--dst-prefix=b/")
+    keeps = patch.meta.get("keeps") or []
+    kept = [f.path for f in load_patch(store, name).files if f.base is None and f.path in keeps] if keeps else []
+    changed = store.git(*flags, patch.base, patch.commit, "--", ".", ":(exclude).snapver")
+    # Files a rebase kept (the base holds them only as leftovers): added, from nothing.
+    added = store.git(*flags, EMPTY_TREE, patch.commit, "--", *(f":(literal){p}" for p in kept)) if kept else b""
+    return changed + added
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -174,8 +201,9 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
                         meta: dict[str, Any], old_tip: str | None) -> str:
     """Commit a patch tree and move the patch ref (compare-and-swap against ``old_tip``).
 
-    The commit is made on a scratch ref and the patch ref moved after, because a
-    rebase's new commit does not descend from the old tip (the store moves a ref only forward).
+    Every version stays reachable: when ``parent`` is not the old tip (a rebase: the new
+    base), the old tip is the commit's second parent. The commit is made on a scratch
+    ref and the patch ref moved after (the store moves a ref only forward).
     """
     scratch = f"refs/snapver/scratch/{name}-{os.getpid()}"
     now = datetime.now(timezone.utc)
@@ -188,8 +216,9 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
         with store.importer() as importer:
             for data in blobs:
                 importer.add_blob(data)
+            previous = (old_tip,) if old_tip is not None and old_tip != parent else ()
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
-                                   now)
+                                   now, also_parents=previous)
         commit = importer.results[mark]
         try:
             store.update_ref(refs.patch_ref(name), commit, old_tip or "0" * 40)
@@ -345,10 +374,14 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
                              hint="snapver never writes through a symlink")
         if diff.created and current(target)[0] is not None:
             raise PatchError(f"{source}: {target}: the diff creates it, but it already exists in the base")
+        if old_entry is not None and diff.binary_delta is not None:
+            check_delta_base(old, diff.old_oid, old_entry.oid, f"base {base.commit[:10]} ({base.node})", source)
         if old_entry is not None:
             _check_oid(old, diff.old_oid, old_entry.oid, "old", base, source)
         if diff.binary is not None:
             new_data = diff.binary
+        elif diff.binary_delta is not None:
+            new_data = apply_delta(f"{source}: {target if old is None else old}", old_data or b"", diff.binary_delta)
         else:
             new_data = apply_hunks(target if old is None else old, old_data or b"", diff.hunks)
         if diff.deleted:
@@ -386,7 +419,7 @@ def import_patch(store: Store, config: Config, name: str, data: bytes, source: s
     manifest, blobs = _build(base.manifest, changes)
     meta = _patch_meta(base, targets, message or subject, "import", len(changes))
     _write_patch_commit(store, name, base.commit, manifest, blobs, meta, None)
-    return load_patch(store, name)
+    return with_warnings(store, load_patch(store, name))
 
 
 # -- patch capture ---------------------------------------------------------------------
@@ -657,10 +690,11 @@ def save_patch(store: Store, config: Config, name: str, message: str = "") -> Sa
     meta.pop("rebased_from", None)
     if rebasing:
         meta["rebased_from"] = tip
+        meta["keeps"] = marker.get("keeps") or []
     commit = _write_patch_commit(store, name, parent, scanned, new_content.values(), meta, tip)
     marker.update({"head": commit, "parent": commit, "base": base_id})
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-    return SaveResult(load_patch(store, name), True, changed)
+    return SaveResult(with_warnings(store, load_patch(store, name)), True, changed)
 
 
 def _excludes(config: Config, patch: Patch) -> tuple[str, ...]:
@@ -669,9 +703,14 @@ def _excludes(config: Config, patch: Patch) -> tuple[str, ...]:
 
 
 def delete_patch(store: Store, name: str) -> Patch:
+    """Delete a patch's name; its history moves to ``refs.deleted_patch_ref`` (push records
+    may name any of its versions, so they stay in the store)."""
     patch = load_patch(store, name, with_files=False)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{patch.commit[:10]}"
     with store.lock():
-        store.git("update-ref", "-d", refs.patch_ref(name), patch.commit)
+        moves = (f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {patch.commit}\n"
+                 f"delete {refs.patch_ref(name)} {patch.commit}\ncommit\n")
+        store.git("update-ref", "--stdin", input=moves.encode())
     return patch
 
 
@@ -679,7 +718,8 @@ def delete_patch(store: Store, name: str) -> Patch:
 @dataclass(frozen=True)
 class RebasedFile:
     path: str
-    outcome: str  # "clean", "merged", "dropped" (already in the new base), "conflict"
+    # "clean", "merged", "dropped" (already in the new base), "kept" (there only as a leftover), "conflict"
+    outcome: str
     detail: str = ""
 
 
@@ -727,13 +767,23 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
     if onto.commit == patch.base:
         return RebaseResult(patch, onto.commit, [], False)
     labels = (name, f"base {patch.base[:10]}", f"onto {onto.commit[:10]}")
+    shipped_rows = recorded(store, onto.commit)
+    keeps: list[str] = []
     results: list[RebasedFile] = []
     changes: dict[str, tuple[Entry | None, bytes | None]] = {}
     overrides: dict[str, bytes] = {}
     for item in patch.files:
         new_base = onto.manifest.get(item.path)
         old, mine = item.base, item.patch
-        if _entry_key(new_base) == _entry_key(mine):
+        if _entry_key(new_base) == _entry_key(mine) and old is None and mine is not None and mine.kind == FILE \
+                and not shipped(shipped_rows, mine, store.read_blob(mine.oid)):
+            # The new base has the added file, but not as a file of its release (pip leaves
+            # what RECORD does not list): keep adding it, or a fresh node never gets it.
+            keeps.append(item.path)
+            results.append(RebasedFile(item.path, "kept", "in the new base only as a leftover"
+                                       if shipped_rows is not None else
+                                       "in the new base, which has no RECORD saying it ships it"))
+        elif _entry_key(new_base) == _entry_key(mine):
             results.append(RebasedFile(item.path, "dropped", "the new base already has it"))
         elif _entry_key(new_base) == _entry_key(old):
             results.append(RebasedFile(item.path, "clean"))
@@ -769,15 +819,15 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
             _require_clean_checkout(store, config, patch, folder)
             shutil.rmtree(folder)
         marker = {"name": name, "store": str(store.path), "head": patch.commit, "parent": onto.commit,
-                  "base": onto.commit, "paths": list(onto.paths), "rebasing": True}
+                  "base": onto.commit, "paths": list(onto.paths), "rebasing": True, "keeps": keeps}
         full = {p: d for p, (e, d) in changes.items() if e is not None and d is not None}
         _write_checkout(store, folder, manifest, marker, {**full, **overrides})
         return RebaseResult(patch, onto.commit, results, False, folder)
     files = len(changed_files(onto.manifest, manifest))
-    meta = {**patch.meta, **_patch_meta(onto, patch.nodes, patch.message, "rebase", files),
-            "rebased_from": patch.commit}
+    meta = {**patch.meta, **_patch_meta(onto, patch.nodes, patch.message, "rebase", files + len(keeps)),
+            "rebased_from": patch.commit, "keeps": keeps}
     _write_patch_commit(store, name, onto.commit, manifest, blobs, meta, patch.commit)
-    return RebaseResult(load_patch(store, name), onto.commit, results, True)
+    return RebaseResult(with_warnings(store, load_patch(store, name)), onto.commit, results, True)
 
 
 def _entry_key(entry: Entry | None) -> tuple[str, str, int] | None:

@@ -24,6 +24,7 @@ import blake3
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError, StoreError, TransportError
 from snapver.model import Entry, Manifest, StatEntry
+from snapver.ops.pristine import RECORD_PATH, record_file
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
@@ -389,8 +390,12 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     if message:
         meta["message"] = message
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
+    # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
+    # the release ships from one a pip upgrade left behind (ops/pristine.py).
+    record = record_file(result.transport)
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
-                           format_message(subject, meta, message), now)
+                           format_message(subject, meta, message), now,
+                           extra_files={RECORD_PATH: record} if record is not None else None)
 
 
 def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:

@@ -3,7 +3,9 @@
 Plan: for every target, the node reports each path the patch touches; a path that
 equals the patch is skipped, one that equals the base is written, anything else is a
 conflict and refuses the whole push before any node is written (``force`` overwrites
-instead). Apply: the shared path in ``ops/plan.py`` (records, snapshots, atomic
+instead). A file that would land broken — unresolved conflict markers, or a ``.py`` file
+the node's own Python does not compile — refuses it too (``allow_broken`` overrides,
+``force`` does not). Apply: the shared path in ``ops/plan.py`` (records, snapshots, atomic
 writes, health check, roll back on failure).
 """
 
@@ -16,6 +18,7 @@ from typing import Any, Callable
 from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
+from snapver.ops.broken import BrokenFile, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, NodeRun, PushState,
                               Record, Step, check_paths, execute, newest_record, open_node, within)
@@ -37,6 +40,13 @@ class PushPlan:
     patch: Patch
     nodes: list[NodePlan]
     force: bool = False
+    broken: list[BrokenFile] = field(default_factory=list)  # files that would land broken
+    allow_broken: bool = False
+
+    @property
+    def refused_broken(self) -> bool:
+        """True when broken files refuse the push (no ``--allow-broken``)."""
+        return bool(self.broken) and not self.allow_broken
 
     @property
     def conflicts(self) -> list[tuple[str, Step]]:
@@ -62,7 +72,8 @@ class PushPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"patch": self.patch.name, "commit": self.patch.commit, "base": self.patch.base,
-                "force": self.force, "nothing_to_do": self.nothing_to_do,
+                "force": self.force, "nothing_to_do": self.nothing_to_do, "allow_broken": self.allow_broken,
+                "broken": [b.to_json() for b in self.broken],
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
@@ -91,7 +102,8 @@ def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
     return Step(item.path, CONFLICT, live, item.patch, note=why)
 
 
-def _plan_node(patch: Patch, spec: NodeSpec, force: bool) -> NodePlan:
+def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[str, bytes],
+               broken: list[BrokenFile]) -> NodePlan:
     plan = NodePlan(spec)
     outside = [f.path for f in patch.files if not within(f.path, spec.paths)]
     if outside:
@@ -102,6 +114,16 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool) -> NodePlan:
         plan.transport = open_node(spec)
         live = check_paths(plan.transport, spec, [f.path for f in patch.files])
         plan.steps = [classify(f, live.get(f.path), force) for f in patch.files]
+        # The node's own Python judges the .py files this push would write there.
+        landing = [(s.path, python_sources[s.path]) for s in plan.steps
+                   if s.action == WRITE and s.path in python_sources]
+        refused, too_large = plan.transport.compile_sources(landing)
+        for path, (line, message) in sorted(refused.items()):
+            broken.append(BrokenFile(path, line, message, spec.name))
+        for path in too_large:  # beyond what the node holds at once: this Python judges it
+            problem = syntax_error(path, python_sources[path])
+            if problem is not None:
+                broken.append(problem)
     except SnapverError as exc:
         plan.error = exc
         plan.close()
@@ -109,8 +131,9 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool) -> NodePlan:
 
 
 def plan_push(store: Store, config: Config, name: str, targets: list[str] | None = None,
-              all_nodes: bool = False, force: bool = False) -> PushPlan:
-    """Plan a push of patch ``name`` to ``targets`` (default: the patch's own nodes)."""
+              all_nodes: bool = False, force: bool = False, allow_broken: bool = False) -> PushPlan:
+    """Plan a push of patch ``name`` to ``targets`` (default: the patch's own nodes);
+    ``broken`` lists the files that would land with conflict markers or not compile."""
     patch = load_patch(store, name)
     names = list(targets or []) or list(patch.nodes)
     if not names and not all_nodes:
@@ -118,15 +141,36 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
     specs = config.select(names, all_nodes)
     if not patch.files:
         return PushPlan(patch, [NodePlan(spec) for spec in specs], force)
+    broken, python_sources = _landing_content(store, patch)
+    found: dict[str, list[BrokenFile]] = {spec.name: [] for spec in specs}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(specs))) as pool:
-        nodes = list(pool.map(lambda spec: _plan_node(patch, spec, force), specs))
+        nodes = list(pool.map(lambda spec: _plan_node(patch, spec, force, python_sources, found[spec.name]), specs))
+    broken += [b for spec in specs for b in found[spec.name]]
     for node in nodes:
         prior = newest_record(store, node.node)
         if prior is not None and prior.interrupted:
             node.notes.append(f"an interrupted {prior.action} ({prior.patch or 'rollback'}, "
                               f"{prior.time:%Y-%m-%d %H:%M}) left this node part-written; "
                               f"`snapver rollback {node.node}` restores {str(prior.restore)[:10]}")
-    return PushPlan(patch, nodes, force)
+    return PushPlan(patch, nodes, force, broken, allow_broken)
+
+
+def _landing_content(store: Store, patch: Patch) -> tuple[list[BrokenFile], dict[str, bytes]]:
+    """The patch's files holding conflict markers their base lacks, and the content of its
+    ``.py`` files (for each node's Python to compile)."""
+    broken: list[BrokenFile] = []
+    sources: dict[str, bytes] = {}
+    for item in patch.files:
+        if item.patch is None or item.patch.kind != FILE:
+            continue
+        data = store.read_blob(item.patch.oid)
+        base = store.read_blob(item.base.oid) if item.base is not None and item.base.kind == FILE else None
+        marked = conflict_markers(item.path, data, base)
+        if marked is not None:
+            broken.append(marked)
+        if item.path.endswith(".py"):
+            sources[item.path] = data
+    return broken, sources
 
 
 @dataclass
@@ -151,13 +195,26 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
         nodes = sorted({node for node, _ in plan.conflicts})
         raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
                             "no node was changed", hint="--force overwrites them (rollback can undo it)")
+    if plan.refused_broken:
+        raise ConflictError(f"push refused: {len(plan.broken)} file(s) would land broken: "
+                            + "; ".join(str(b) for b in plan.broken) + "; no node was changed",
+                            hint=f"fix them (`snapver patch new {plan.patch.name}`, edit, `snapver patch save "
+                            f"{plan.patch.name}`); --allow-broken pushes them anyway (recorded)")
     if plan.errors and not keep_going:
         first = plan.errors[0].error
         assert first is not None
         raise type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
-                                                     "base": patch.base, "health": health, "force": plan.force})
+                                                     "base": patch.base, "health": health, "force": plan.force,
+                                                     **_broken_meta(plan)})
     ready = [n for n in plan.nodes if n.error is None]
     runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node)
     return PushResult(plan, runs)
+
+
+def _broken_meta(plan: PushPlan) -> dict[str, Any]:
+    """What the push record says of broken files pushed with ``--allow-broken``."""
+    if not plan.allow_broken:
+        return {}
+    return {"allow_broken": True, "broken": [str(b) for b in plan.broken]}

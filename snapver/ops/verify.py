@@ -12,6 +12,8 @@ import functools
 import hashlib
 import io
 import posixpath
+import re
+import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +50,9 @@ class NodeVerify:
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     unverifiable: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # "name version (folder.dist-info)"
+    leftover_files: list[str] = field(default_factory=list)  # only a leftover's RECORD lists them
+    remove_leftovers: str | None = None  # the command that removes the leftover dist-infos
     error: SnapverError | None = None
 
     @property
@@ -63,6 +68,8 @@ class NodeVerify:
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "dists": self.dists, "checked": self.checked, "modified": self.modified,
                 "missing": self.missing, "extra": self.extra, "unverifiable": self.unverifiable,
+                "leftovers": self.leftovers, "leftover_files": self.leftover_files,
+                "remove_leftovers": self.remove_leftovers,
                 "error": str(self.error) if self.error else None, "exit_code": self.exit_code}
 
 
@@ -76,13 +83,20 @@ def verify_node(spec: NodeSpec) -> NodeVerify:
     result = NodeVerify(spec.name)
     try:
         with open_transport(spec) as transport:
-            record, dists = read_record(transport)
+            record, dists, leftovers, leftover_record = read_records(transport)
             result.dists = [f"{d.name} {d.version}" for d in dists]
+            result.leftovers = [f"{d.name} {d.version} ({d.dist_info})" for d in leftovers]
+            if leftovers:
+                site = transport.info.site_packages if transport.info else ""
+                result.remove_leftovers = "rm -rf " + " ".join(shlex.quote(posixpath.join(site, d.dist_info))
+                                                              for d in leftovers)
             live = {e.path for e in transport.list_tree(want_oids=False).entries}
             hashes = hash_like_record(transport, [e for e in record.values() if e.path in live])
             check = compare_with_record(record, live, hashes)
             result.checked, result.modified, result.missing = check.checked, check.modified, check.missing
-            result.extra, result.unverifiable = check.extra, check.unverifiable
+            result.unverifiable = check.unverifiable
+            result.leftover_files = [path for path in check.extra if path in leftover_record]
+            result.extra = [path for path in check.extra if path not in leftover_record]
     except SnapverError as exc:
         result.error = exc
     return result
@@ -159,6 +173,71 @@ def request_record(transport: Transport) -> Callable[[], tuple[dict[str, RecordE
         return record, dists
 
     return finish
+
+
+_VERSION_LINE = re.compile(rb"""^\s*__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
+
+
+def importable_versions(transport: Transport, tops: list[str]) -> dict[str, str]:
+    """``{top package: version}`` as its ``version.py`` / ``_version.py`` / ``__init__.py``
+    states ``__version__`` (what Python imports), for the packages that state one."""
+    wanted = [f"{top}/{name}" for top in tops for name in ("version.py", "_version.py", "__init__.py")]
+    found: dict[str, str] = {}
+    for path, kind, data in transport.read_files(wanted):
+        top = path.split("/")[0]
+        match = _VERSION_LINE.search(data) if kind is not None and data else None
+        if match and top not in found:
+            found[top] = match.group(1).decode("utf-8", "replace")
+    return found
+
+
+def _installed(transport: Transport, dists: list[DistInfo]) -> tuple[list[DistInfo], list[DistInfo]]:
+    """Split dist-infos into (installed, leftovers): of several with one name, the installed
+    one is the version the package itself states; when none says, all count (as before)."""
+    by_name: dict[str, list[DistInfo]] = {}
+    for dist in dists:
+        by_name.setdefault(re.sub(r"[-_.]+", "-", dist.name).lower(), []).append(dist)
+    if all(len(group) == 1 for group in by_name.values()):
+        return dists, []
+    tops = sorted({path.split("/")[0] for path in transport.spec.paths})
+    versions = set(importable_versions(transport, tops).values())
+    installed, leftovers = [], []
+    for group in by_name.values():
+        current = [d for d in group if d.version in versions] if len(group) > 1 else group
+        if len(current) != 1:
+            current = group  # cannot tell: check against all of them
+        installed += current
+        leftovers += [d for d in group if d not in current]
+    return installed, leftovers
+
+
+def read_records(transport: Transport) -> tuple[dict[str, RecordEntry], list[DistInfo], list[DistInfo],
+                                                 dict[str, RecordEntry]]:
+    """The RECORD rows (tracked paths only) of the installed distributions owning the
+    tracked paths, those distributions, the leftover dist-infos and their rows."""
+    info = transport.info
+    spec = transport.spec
+    assert info is not None
+    dists = list(info.dists)
+    if not dists:
+        raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
+                              f"{', '.join(spec.paths)} in {info.site_packages}",
+                              hint="verify needs the RECORD that pip wrote when it installed the package")
+    dists, leftovers = _installed(transport, dists)
+    leftover_names = {f"{d.dist_info}/RECORD" for d in leftovers}
+    record: dict[str, RecordEntry] = {}
+    leftover_record: dict[str, RecordEntry] = {}
+    found = False
+    for path, kind, data in transport.read_files([f"{d.dist_info}/RECORD" for d in dists + leftovers]):
+        if kind is None:
+            continue
+        found = found or path not in leftover_names
+        for entry in parse_record(data):
+            if is_tracked(entry.path, spec.paths, spec.exclude):
+                (leftover_record if path in leftover_names else record)[entry.path] = entry
+    if not found:
+        raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in dists)} has no RECORD file")
+    return record, dists, leftovers, leftover_record
 
 
 def record_paths(info_dists: Sequence[DistInfo]) -> list[str]:

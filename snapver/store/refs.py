@@ -11,6 +11,7 @@ PATCHES = "refs/heads/patches/"
 PUSHES = "refs/heads/pushes/"
 # Imported snapshots older than their node's newest: one ref each, beside the node's branch.
 IMPORTS = "refs/heads/imports/"
+DELETED_PATCHES = "refs/heads/deleted-patches/"
 TAGS = "refs/tags/"
 
 
@@ -32,6 +33,11 @@ def import_ref(node: str, commit: str) -> str:
 
 def patch_ref(name: str) -> str:
     return PATCHES + name
+
+
+def deleted_patch_ref(name: str, stamp: str) -> str:
+    """Where a deleted patch's history is kept (push records may name its commits)."""
+    return f"{DELETED_PATCHES}{name}/{stamp}"
 
 
 def push_ref(node: str) -> str:

@@ -524,7 +524,7 @@ class Importer:
             self._pack = PackWriter(store.path / "objects")
         except OSError as exc:
             raise unwritable_store(store.path, exc) from exc
-        self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes]]] = []
+        self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...]]] = []
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
 
@@ -553,13 +553,14 @@ class Importer:
         self._written.add(oid)
 
     def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
-               when: datetime, extra_files: dict[str, bytes] | None = None) -> int:
+               when: datetime, extra_files: dict[str, bytes] | None = None, also_parents: tuple[str, ...] = ()) -> int:
         """Queue a commit on ``ref`` whose tree is exactly ``manifest`` (plus its text).
 
-        Returns a mark; ``finish`` maps it to the commit id.
+        ``also_parents``: further parents after ``parent`` (a rebased patch keeps its
+        previous version reachable this way). Returns a mark; ``finish`` maps it to the commit id.
         """
         with self._lock:
-            self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {})))
+            self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {}), tuple(also_parents)))
             return len(self._commits)
 
     def finish(self) -> dict[int, str]:
@@ -601,7 +602,7 @@ class Importer:
         roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
         serialized: dict[int, bytes] = {}  # by id(): identical nodes' commits share one Manifest
         moves: dict[str, tuple[str, str | None]] = {}
-        for mark, (ref, parent, manifest, message, when, files) in enumerate(self._commits, 1):
+        for mark, (ref, parent, manifest, message, when, files, also) in enumerate(self._commits, 1):
             if id(manifest) not in serialized:
                 serialized[id(manifest)] = manifest.serialize()
             files = {**files, MANIFEST_PATH: serialized[id(manifest)]}
@@ -619,11 +620,13 @@ class Importer:
                 objects.update((oid, (TREE_TYPE, body)) for oid, body in trees)
                 needed.update(e.oid for e in manifest.entries.values())
                 roots[key] = root
-            if parent is not None:
-                if not is_git_id(parent):
-                    raise StoreError(f"cannot record {ref}: parent {parent!r} is not a commit id")
-                needed.add(parent)
-            body = _commit_object(root, parent, message, when)
+            for named in (parent, *also):
+                if named is None:
+                    continue
+                if not is_git_id(named):
+                    raise StoreError(f"cannot record {ref}: parent {named!r} is not a commit id")
+                needed.add(named)
+            body = _commit_object(root, parent, message, when, also)
             commit = object_id(COMMIT_TYPE, body).hex()
             objects[commit] = (COMMIT_TYPE, body)
             self.results[mark] = commit
@@ -734,12 +737,13 @@ def _show(path: bytes) -> str:
     return quote_path(path.decode("utf-8", "surrogateescape"))
 
 
-def _commit_object(tree: str, parent: str | None, message: str, when: datetime) -> bytes:
+def _commit_object(tree: str, parent: str | None, message: str, when: datetime, also: tuple[str, ...] = ()) -> bytes:
     """A commit as ``git fast-import`` writes one with only a committer (who is also the author)."""
     stamp = int(when.timestamp())
     offset = when.astimezone().utcoffset()
     minutes = int(offset.total_seconds() // 60) if offset else 0
     tz = f"{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
     who = f"{IDENTITY} {stamp} {tz}"
-    head = f"tree {tree}\n" + (f"parent {parent}\n" if parent else "") + f"author {who}\ncommitter {who}\n\n"
+    parents = "".join(f"parent {p}\n" for p in (parent, *also) if p)
+    head = f"tree {tree}\n" + parents + f"author {who}\ncommitter {who}\n\n"
     return head.encode() + message.encode("utf-8", "surrogateescape")

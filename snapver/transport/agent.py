@@ -23,6 +23,9 @@ import zlib
 
 CHUNK = 1 << 20
 PROTOCOL = 1
+# The oldest Python the agent runs on: the bootstrap (transport/base.py) refuses older ones
+# before this file is even compiled, and the client checks hello's python_version again.
+MIN_PYTHON = (3, 8)
 SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
 SQUEEZE_OVER = 16 << 10
 
@@ -1136,12 +1139,64 @@ def op_run(channel, request):
                   "output": output[-4000:].decode("utf-8", "replace")})
 
 
+# The largest source the compile op holds in memory at once: a node keeps within ~50 MiB.
+COMPILE_MAX = 16 << 20
+
+
+def op_compile(channel, request):
+    """Compile Python sources with this node's own interpreter, before a push writes them.
+
+    ``files``: [path, size]; one stream follows per file (its content). Each is compiled
+    as ``compile(source, path, "exec", dont_inherit=True)`` would import it, one at a time
+    (memory: the largest file). Reply ``errors``: {path: [line or None, message]} for every
+    file this Python refuses; ``unchecked``: paths larger than COMPILE_MAX (never held).
+    """
+    import warnings
+
+    errors = {}
+    unchecked = []
+    try:
+        for path, size in request["files"]:
+            if size > COMPILE_MAX:
+                unchecked.append(path)
+                _drain(channel)
+                continue
+            pieces = []
+            held = 0
+            while True:
+                piece = channel.recv_frame()
+                if not piece:
+                    break
+                held += len(piece)
+                if held <= COMPILE_MAX:
+                    pieces.append(piece)
+            if held > COMPILE_MAX:
+                unchecked.append(path)
+                continue
+            source = b"".join(pieces)
+            del pieces
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # SyntaxWarning is not a refusal
+                    compile(source, path, "exec", dont_inherit=True)
+            except SyntaxError as exc:  # IndentationError, TabError too
+                errors[path] = [exc.lineno, "%s: %s" % (type(exc).__name__, exc.msg)]
+            except (ValueError, RecursionError, MemoryError, OverflowError) as exc:
+                errors[path] = [None, "%s: %s" % (type(exc).__name__, exc)]
+            del source
+    except Aborted:
+        channel.send({"aborted": True, "errors": errors, "unchecked": unchecked})
+        return
+    channel.send({"errors": errors, "unchecked": unchecked})
+
+
 def op_ping(channel, request):
     channel.send({"pong": True})
 
 
 OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
-       "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run}
+       "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run,
+       "compile": op_compile}
 
 
 def serve(channel):

@@ -22,7 +22,7 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, SQUEEZE_OVER, SQUEEZED
+from snapver.transport.agent import ABORT_FRAME, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
 from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
@@ -86,6 +86,22 @@ def deployment_pythons(site_packages: str | None) -> list[str]:
     return [f"{prefix}/bin/{name}" for name in names]
 
 
+# The bootstrap the node's python runs. A Python older than MIN_PYTHON never compiles the
+# agent (3.6 lacks time.time_ns, later ones may lack syntax it uses): it answers hello with
+# an error the client shows as it is, then drains stdin until the client hangs up, so that
+# the client's pipelined requests never meet a closed pipe. Kept valid on any Python 3.
+_BOOTSTRAP = """import sys,zlib
+if sys.version_info<({major},{minor}):
+ import json,struct;i=sys.stdin.buffer;o=sys.stdout.buffer;i.read({size})
+ v="%d.%d.%d"%tuple(sys.version_info[:3])
+ e="Python "+v+" is too old (snapver needs \\u2265 {major}.{minor})"
+ m=json.dumps({{"error":e,"kind":"too_old","python_version":v,"python":sys.executable}}).encode()
+ o.write(struct.pack(">I",len(m))+m);o.flush()
+ while i.read(65536):pass
+ sys.exit(0)
+exec(compile(zlib.decompress(sys.stdin.buffer.read({size})),"snapver-agent","exec"))"""
+
+
 def agent_command(python: str | None, no_site: bool = False, site_packages: str | None = None) -> str:
     """The POSIX sh command that starts the agent, reading its source from stdin.
 
@@ -94,8 +110,7 @@ def agent_command(python: str | None, no_site: bool = False, site_packages: str 
     Without a configured ``python``: the interpreter that owns ``site_packages`` by its
     layout if there is one, else ``python3`` or ``python`` from PATH.
     """
-    code = (f'import sys,zlib;exec(compile(zlib.decompress(sys.stdin.buffer.read({len(AGENT_PAYLOAD)})),'
-            '"snapver-agent","exec"))')
+    code = _BOOTSTRAP.format(size=len(AGENT_PAYLOAD), major=MIN_PYTHON[0], minor=MIN_PYTHON[1])
     flags = "-S -c" if no_site else "-c"
     if python:
         return f"exec {shlex.quote(python)} {flags} {shlex.quote(code)}"
@@ -107,6 +122,23 @@ def agent_command(python: str | None, no_site: bool = False, site_packages: str 
         f'exec "$p" {flags} "$c"; done; '
         'echo "snapver: no python3 or python on the node" >&2; exit 127'
     )
+
+
+def _too_old_hint(python: Any) -> str:
+    where = f" ({python})" if isinstance(python, str) and python else ""
+    return (f"the node's python{where} must be {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer: "
+            "set `python = ...` for the node in .snapver")
+
+
+def check_python_version(node: str, version: str, python: str = "") -> None:
+    """TransportError (exit 3) when hello's ``version`` ("3.6.15") is older than MIN_PYTHON."""
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        raise TransportError(f"{node}: the agent reports an unreadable Python version {version!r}") from None
+    if found < MIN_PYTHON:
+        raise TransportError(f"{node}: Python {version} is too old (snapver needs ≥ {MIN_PYTHON[0]}.{MIN_PYTHON[1]})",
+                             hint=_too_old_hint(python))
 
 
 class Transport(ABC):
@@ -169,6 +201,7 @@ class Transport(ABC):
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
+            check_python_version(self.spec.name, self._info.python_version, self._info.python)
         return self._info
 
     @property
@@ -238,6 +271,8 @@ class Transport(ABC):
         if not isinstance(reply, dict):
             raise TransportError(f"{self.spec.name}: the agent sent a reply that is not a JSON object")
         if "error" in reply:
+            if reply.get("kind") == "too_old":
+                raise TransportError(f"{self.spec.name}: {reply['error']}", hint=_too_old_hint(reply.get("python")))
             error = RemotePathError if reply.get("kind") == "path" else TransportError
             raise error(f"{self.spec.name}: {reply['error']}")
         return reply
@@ -409,6 +444,22 @@ class Transport(ABC):
         began = time.monotonic()
         self.call("ping")
         return time.monotonic() - began
+
+    def compile_sources(self, sources: list[tuple[str, bytes]]
+                        ) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
+        """Compile each (path, Python source) with the node's own interpreter (nothing is
+        written there): ``({path: (line, message)}`` for every source it refuses, the paths
+        too large for the node to hold and compile``)``."""
+        if not sources:
+            return {}, []
+        reply = self.request("compile", files=[[path, len(data)] for path, data in sources])
+        for _, data in sources:
+            self.send_stream(data[i:i + (1 << 20)] for i in range(0, len(data), 1 << 20))
+        answer = reply()
+        errors = answer.get("errors") or {}
+        return ({str(path): (found[0] if isinstance(found[0], int) else None, str(found[1]))
+                 for path, found in errors.items() if isinstance(found, list) and len(found) == 2},
+                [str(path) for path in answer.get("unchecked") or ()])
 
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""

@@ -130,6 +130,7 @@ def snapshot_blob_ids(store: Path, rev: str) -> dict[str, str]:
             meta, _, path = record.partition(b"\t")
             found[os.fsdecode(path)] = meta.split()[2].decode()
     found.pop(".snapver/manifest", None)
+    found.pop(".snapver/record", None)
     return found
 
 

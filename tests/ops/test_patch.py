@@ -44,6 +44,7 @@ def store_files(store: Path, rev: str) -> dict[str, tuple[str, bytes]]:
     """path → (git mode, content) of a commit's tree, manifest left out."""
     listing = git_ls_tree(store, rev)
     listing.pop(".snapver/manifest", None)
+    listing.pop(".snapver/record", None)
     return {path: (mode, git_blob(store, oid)) for path, (mode, oid) in listing.items()}
 
 
@@ -118,6 +119,7 @@ def test_git_diff_import_export_roundtrip_on_real_tree(real_base, sglang_site_te
     base = git_ls_tree(store, base_head)
     for listing in (patched, base):
         listing.pop(".snapver/manifest")
+        listing.pop(".snapver/record", None)  # a snapshot's RECORD rows; a patch commit has none
     assert sh("git", "--git-dir", str(store), "rev-parse", PATCH_REF + "cuda-fix^").decode().strip() == base_head
     changed = {p for p in set(patched) | set(base) if patched.get(p) != base.get(p)}
     assert changed == {RUNNER, UTILS, GONE, ADDED}

@@ -57,6 +57,7 @@ def store_tree(store: Path, rev: str) -> dict[str, tuple[str, int, str]]:
     """A snapshot's tree in tree_hashes' shape: path → (kind, 0o755/0o644/0, sha256)."""
     listing = git_ls_tree(store, rev)
     listing.pop(".snapver/manifest")
+    listing.pop(".snapver/record", None)  # the distribution's RECORD rows, when it has one
     blobs = cat_blobs(store, {oid for _, oid in listing.values()})
     tree = {}
     for path, (mode, oid) in listing.items():
