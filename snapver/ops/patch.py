@@ -747,7 +747,7 @@ def _merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str
             names.append(path)
         try:
             result = subprocess.run(["git", "merge-file", "-p", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-                                     *names], capture_output=True, timeout=git_timeout())
+                                     *names], capture_output=True, timeout=git_timeout(), start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise PatchError(f"git merge-file did not finish within {exc.timeout:g} s") from exc
     if result.returncode < 0 or result.returncode > 127:

@@ -58,8 +58,10 @@ def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002
     """
     limit = git_timeout() if timeout is None else timeout
     try:
+        # A session of its own: a Ctrl-C at the terminal signals the whole foreground group,
+        # and snapver still needs its store while it stops in order (an interrupted push's undo).
         return subprocess.run(["git", "--git-dir", str(git_dir), *args], input=input,
-                              capture_output=True, check=False, timeout=limit)
+                              capture_output=True, check=False, timeout=limit, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
                               hint=GIT_HANG_HINT) from exc
@@ -89,7 +91,8 @@ class GitStream:
         self.timed_out = False
         try:
             self.process = subprocess.Popen(["git", "--git-dir", str(git_dir), *args], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            start_new_session=True)  # see run_git
         except OSError as exc:
             raise StoreError(f"cannot run git: {exc}") from exc
         self._stderr: deque[bytes] = deque(maxlen=8)  # the last lines are the ones that explain
@@ -373,7 +376,8 @@ class Store:
         """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole)."""
         try:
             process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "blob", oid],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)  # see run_git
         except OSError as exc:
             raise StoreError(f"cannot run git: {exc}") from exc
         assert process.stdout is not None

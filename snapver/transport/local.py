@@ -23,7 +23,9 @@ class LocalTransport(Transport):
         if self.spec.python is None:
             command = agent_command(sys.executable, no_site=bool(self.spec.site_packages))
         try:
-            process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
+            # A session of its own: a Ctrl-C at the terminal must not kill the agent under a
+            # push that then undoes what it wrote through it (snapver ends it itself).
+            process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, start_new_session=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             raise TransportError(f"{self.spec.name}: cannot start the local agent: {exc}") from exc

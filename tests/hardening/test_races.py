@@ -363,7 +363,7 @@ def test_ctrl_c_in_a_push_ends_it_promptly_and_undoes_it(node, run_snapver, isol
     assert code == 130, output
     assert "snapver: interrupted" in output and "Traceback" not in output, output
     assert took < 5, took
-    assert {p: (node / p).read_bytes() for p in BASE} == BASE and not (node / BIG).exists()
+    assert {p: (node / p).read_bytes() for p in BASE} == BASE and not (node / BIG).exists(), output
     wait_for(lambda: not leftovers(node), 10, "staged files removed")
     state = records(isolated_env / "snapshots", "ct200")[0]
     assert state["state"] == ("cancelled" if moment == "while streaming" else "rolled-back") and state["interrupted"]

@@ -361,7 +361,7 @@ def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, s
     assert "push refused, no node was changed" in result.err and "site-packages/sglang: no such file" in result.err
     assert "Traceback" not in result.err
     config, snapver_store = load_config(str(config_path)), Store(store)
-    for target, error, text in [("fleet03", TransportError, "fleet03: cannot connect"),
+    for target, error, text in [("fleet03", TransportError, "fleet03 (root@127.0.0.13:"),
                                 ("fleet05", UsageError, "outside the node's tracked paths")]:
         with plan_push(snapver_store, config, "fix", ["all3", target]) as plan:
             with pytest.raises(error, match="push refused, no node was changed") as caught:
