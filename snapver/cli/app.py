@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
     "diff": "diff", "import": "importdir", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
-    "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
+    "ps": "ps", "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
     "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
 }
 # Modules of snapver/cli/ that register no command.

@@ -65,6 +65,24 @@ def render_run(run: "NodeRun") -> None:
                   f"run `snapver rollback {name}`")
 
 
+def render_stale(stale: list, action: str) -> None:
+    """One line per process that still runs the code from before this push (or rollback)."""
+    from snapver.cli.ps import started_text
+
+    out, err = console(), console(stderr=True)
+    for node in stale:
+        if node.error is not None:
+            err.print(f"[yellow]warning[/yellow]: {escape(node.node)}: could not list its processes: "
+                      f"{escape(str(node.error))}")
+            continue
+        for process in node.processes:
+            command = process.command if len(process.command) <= 160 else process.command[:159] + "…"
+            out.print(f"{escape(node.node)}: pid {process.pid} {escape(command)} started {started_text(process)} "
+                      f"[yellow]runs code older than this {action}: restart it[/yellow]")
+        for note in node.listed.warnings() if node.listed is not None else ():
+            err.print(f"[yellow]warning[/yellow]: {escape(note)}")
+
+
 def confirm(yes: bool, question: str) -> bool:
     """Ask on a terminal; without one, only ``--yes`` allows writing."""
     from snapver.errors import UsageError
@@ -92,6 +110,7 @@ def push(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
+    from snapver.ops.ps import stale_after_write
     from snapver.ops.push import apply_push, plan_push
 
     config = STATE.config()
@@ -125,11 +144,13 @@ def push(
             console(stderr=True).print("snapver: nothing written")
             return 1
         result = apply_push(store, plan, health, health_timeout, keep_going)
+        stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
     if json_out:
-        emit_json({**result.to_json(), "dry_run": False})
+        emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
     else:
         for run in result.nodes:
             render_run(run)
+        render_stale(stale, "push")
     interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code
 
@@ -146,6 +167,7 @@ def rollback(
 ) -> int:
     """Undo the last push on a node (only the files it wrote, each only while it still holds
     what the push wrote), or restore its tree exactly to a snapshot with --to."""
+    from snapver.ops.ps import stale_after_write
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     config = STATE.config()
@@ -175,13 +197,15 @@ def rollback(
             console(stderr=True).print("snapver: nothing written")
             return 1
         run = apply_rollback(store, plan)
+        stale = [] if run is None or interrupt.requested() else stale_after_write([plan.node], [run])
     if json_out:
         emit_json({**plan.to_json(), "dry_run": False, "result": run.to_json() if run else None,
-                   "exit_code": run.exit_code if run else 0})
+                   "exit_code": run.exit_code if run else 0, "still_running_old": [s.to_json() for s in stale]})
     elif run is not None:
         if plan.nothing_to_do:
             out.print(f"{escape(node)}: nothing to restore; the interrupted push is marked repaired")
         else:
             render_run(run)
+            render_stale(stale, "rollback")
     interrupt.check()
     return run.exit_code if run else 0
