@@ -178,6 +178,13 @@ def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(ven
     assert stale[0].endswith("runs code older than this push: restart it") and re.search(r" started \d\d:\d\d", stale[0]), result
     assert wait_health(old_port) == "value 1"  # the old server still runs the old code
 
+    status = run_snapver("status", "ct200", "--json")
+    assert json.loads(status.out)["nodes"][0]["restart_needed"] == 1, status
+    table = run_snapver("status", "ct200")
+    header = table.out.splitlines()[0].split()
+    assert header[-1] == "restart" and table.out.splitlines()[1].split()[-1] == "1", table
+    assert "ct200: 1 process(es) run code older than the tree" in table.out
+
     new_pid = node.start(new_port, "new")
     assert wait_health(new_port) == "value 2"
     found = ps_json(run_snapver, "ct200")["ct200"]
