@@ -36,7 +36,12 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "connect_timeout": ((int, float), "a number of seconds"),
     "compress": (str, '"auto", "zlib" or "none"'),
     "control_persist": ((int, float), "a number of seconds (0: off)"),
+    "restart": (str, "a shell command"),
+    "health": (str, "a shell command"),
+    "health_url": (str, "an http:// or https:// URL"),
+    "health_timeout": ((int, float), "a number of seconds"),
 }
+DEFAULT_HEALTH_TIMEOUT = 300.0
 _NODE_ONLY_KEYS = {"host", "site_packages", "python", "local"}
 
 
@@ -59,6 +64,10 @@ class NodeSpec:
     connect_timeout: float = 10.0
     compress: str = "auto"
     control_persist: float = 0.0
+    restart: str | None = None  # run on the node after a push or rollback writes it
+    health: str | None = None  # a shell command on the node: exit 0 = healthy
+    health_url: str | None = None  # polled from the node itself: 2xx = healthy
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT  # seconds for the restart, and to become healthy
 
     @property
     def address(self) -> str:
@@ -232,6 +241,17 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
     timeout = merged.get("connect_timeout", 10)
     if not 0 < timeout < math.inf:
         raise fail(prefix + "connect_timeout", f"expected a positive number of seconds, got {timeout}")
+    for key in ("restart", "health"):
+        if key in merged and not merged[key].strip():
+            raise fail(prefix + key, "expected a shell command, got an empty string")
+    health_url = merged.get("health_url")
+    if health_url is not None:
+        problem = url_problem(health_url)
+        if problem:
+            raise fail(prefix + "health_url", problem)
+    health_timeout = merged.get("health_timeout", DEFAULT_HEALTH_TIMEOUT)
+    if not 0 < health_timeout < math.inf:
+        raise fail(prefix + "health_timeout", f"expected a positive number of seconds, got {health_timeout}")
     paths = tuple(merged.get("paths", DEFAULT_PATHS))
     for tracked in paths:
         parts = tracked.strip("/").split("/")
@@ -260,7 +280,27 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
         connect_timeout=float(timeout),
         compress=compress,
         control_persist=float(persist),
+        restart=merged.get("restart"),
+        health=merged.get("health"),
+        health_url=health_url,
+        health_timeout=float(health_timeout),
     )
+
+
+def url_problem(url: str) -> str:
+    """Why ``url`` cannot be a health URL ("" when it can): http(s), a host, nothing odd."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        return f"not a URL ({exc}): {url!r}"
+    if parts.scheme not in ("http", "https"):
+        return f"expected an http:// or https:// URL, got {url!r}"
+    if not parts.hostname or any(ch.isspace() or ord(ch) < 32 for ch in url):
+        return f"expected an http:// or https:// URL with a host, got {url!r}"
+    return ""
 
 
 def _valid_name(name: str) -> bool:

@@ -55,6 +55,10 @@ def render_run(run: "NodeRun") -> None:
     if run.state == "done":
         console().print(f"{name}: [green]done[/green] — wrote {len(run.written)}, deleted {len(run.deleted)}"
                         f"{bytecode}, verified; {snapshots}")
+        if run.hooks_log:
+            checked = [step for step in run.hooks_log if step != "restarted"]
+            console().print(f"{name}: {escape(', '.join(run.hooks_log))}"
+                            + (": [green]healthy[/green]" if checked else " (no health check)"))
         return
     err = console(stderr=True)
     label = {"rolled-back": "rolled back", "cancelled": "not written"}.get(run.state, run.state)
@@ -63,6 +67,12 @@ def render_run(run: "NodeRun") -> None:
     if run.rollback_error is not None:
         err.print(f"{name}: [red]rollback failed[/red]: {escape(str(run.rollback_error))}; "
                   f"run `snapver rollback {name}`")
+    if run.recovery_error is not None:
+        err.print(f"{name}: [red]restart on the restored code failed[/red]: {escape(str(run.recovery_error))}")
+    elif run.recovery_log:
+        checked = [step for step in run.recovery_log if step != "restarted"]
+        err.print(f"{name}: on the restored code: {escape(', '.join(run.recovery_log))}"
+                  + (": [green]healthy[/green]" if checked else " (no health check)"))
 
 
 def render_stale(stale: list, action: str) -> None:
@@ -106,12 +116,21 @@ def push(
     keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes when one fails."),
     health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
-    health_timeout: float = typer.Option(300.0, "--health-timeout", min=1, help="Seconds CMD may take."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+                                                   help="Seconds the restart and each health check may take "
+                                                   "(default: the config's health_timeout, else 300)."),
+    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+                                          help="Run CMD (sh) on each node after writing, before the health "
+                                          "checks (default: the config's restart)."),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
+    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+                                             help="Poll URL from each node after writing until it answers 2xx; "
+                                             "failure rolls the node back and restarts it on the restored code."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, plan_push
+    from snapver.ops.push import apply_push, hooks_for, plan_push
 
     config = STATE.config()
     store = STATE.store(config)
@@ -143,7 +162,8 @@ def push(
         if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
-        result = apply_push(store, plan, health, health_timeout, keep_going)
+        hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
+        result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})

@@ -17,8 +17,8 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.patch import Patch, PatchFile, load_patch
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, NodeRun, PushState,
-                              Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
+                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
 from snapver.store.repo import Store
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "apply_push", "push_state"]
@@ -144,9 +144,11 @@ class PushResult:
 
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
-               keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None) -> PushResult:
+               keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
+               hooks: dict[str, Hooks] | None = None) -> PushResult:
     """Write the plan (see ``ops/plan.execute``). Refuses a plan with conflicts (unless it
-    was made with ``force``) or with unreachable nodes (unless ``keep_going``)."""
+    was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
+    per node, restart and health checks after writing (see ``hooks_for``)."""
     if plan.conflicts:
         nodes = sorted({node for node, _ in plan.conflicts})
         raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
@@ -157,7 +159,29 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
         raise type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
-                                                     "base": patch.base, "health": health, "force": plan.force})
+                                                     "base": patch.base, "health": health, "force": plan.force,
+                                                     **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}}
+                                                        if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None]
-    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node)
+    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks)
     return PushResult(plan, runs)
+
+
+def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: bool = False,
+              health: str | None = None, health_url: str | None = None,
+              timeout: float | None = None) -> dict[str, Hooks]:
+    """Each node's hooks: its config's ``restart``, ``health``, ``health_url`` and
+    ``health_timeout``, each overridden by the command line's when given (``no_restart``:
+    no restart whatever the config says). A bad ``health_url`` is a usage error."""
+    from snapver.config import url_problem
+
+    if health_url is not None and url_problem(health_url):
+        raise UsageError(f"--health-url: {url_problem(health_url)}")
+    if restart is not None and not restart.strip():
+        raise UsageError("--restart: expected a shell command, got an empty string", hint="--no-restart skips it")
+    found = {}
+    for spec in specs:
+        found[spec.name] = Hooks(restart=None if no_restart else (restart or spec.restart),
+                                 health=health or spec.health, health_url=health_url or spec.health_url,
+                                 timeout=timeout if timeout is not None else spec.health_timeout)
+    return found

@@ -1131,7 +1131,14 @@ def op_run(channel, request):
             os.killpg(process.pid, 9)
         except OSError:
             pass
-        output, _ = process.communicate()
+        try:
+            output, _ = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            # A process the command left behind in a session of its own (a server it
+            # started) still holds the output pipe: stop reading rather than wait for it.
+            process.stdout.close()
+            process.wait()
+            output = b""
     channel.send({"code": process.returncode, "timed_out": timed_out,
                   "output": output[-4000:].decode("utf-8", "replace")})
 
@@ -1386,13 +1393,56 @@ def op_ps(channel, request):
                   "now_ns": time.time_ns()})
 
 
+def op_health_url(channel, request):
+    """Poll ``url`` from the node itself until it answers 2xx or ``timeout`` seconds pass
+    (no proxy: a health URL is the node's own server). Replies whether it became healthy,
+    and else what the last attempt met (refused, an HTTP status, no answer)."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    url = request["url"]
+    began = time.monotonic()
+    deadline = began + float(request.get("timeout") or 60)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    attempts, last = 0, "never tried"
+    while True:
+        attempts += 1
+        wait = max(0.2, min(5.0, deadline - time.monotonic()))
+        try:
+            with opener.open(url, timeout=wait) as reply:
+                code = reply.status
+                body = reply.read(200).decode("utf-8", "replace")
+            if 200 <= code < 300:
+                channel.send({"ok": True, "status": code, "attempts": attempts, "body": body,
+                              "seconds": time.monotonic() - began})
+                return
+            last = "answered %d" % code
+        except urllib.error.HTTPError as exc:
+            last = "answered %d %s" % (exc.code, exc.reason)
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                last = "no answer within %.1f s" % wait
+            else:
+                last = getattr(reason, "strerror", None) or str(reason)
+        except (socket.timeout, TimeoutError):
+            last = "no answer within %.1f s" % wait
+        except (OSError, ValueError) as exc:
+            last = str(exc)
+        if time.monotonic() + 0.2 >= deadline:
+            break
+        time.sleep(0.2)
+    channel.send({"ok": False, "last": last, "attempts": attempts, "seconds": time.monotonic() - began})
+
+
 def op_ping(channel, request):
     channel.send({"pong": True})
 
 
 OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
        "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run,
-       "ps": op_ps}
+       "ps": op_ps, "health_url": op_health_url}
 
 
 def serve(channel):

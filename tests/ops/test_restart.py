@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from helpers import tree_hashes
@@ -38,7 +39,7 @@ import sglang.srt.app_mod as app_mod  # the tree's code: a broken module fails t
 
 class Health(BaseHTTPRequestHandler):
     def do_GET(self):
-        code = 200 if self.path == "/health" else 404
+        code = {"/health": 200, "/fail": 500}.get(self.path, 404)
         body = ("value %s" % app_mod.VALUE).encode()
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
@@ -56,7 +57,8 @@ SERVE = '''\
 port=$1; pidfile=$2; here=$(dirname "$0")
 if [ -f "$pidfile" ]; then
   old=$(cat "$pidfile"); kill "$old" 2>/dev/null
-  while kill -0 "$old" 2>/dev/null; do sleep 0.05; done
+  # (a killed server is reparented to pid 1, which may leave it a zombie a while: that is gone)
+  while [ -d "/proc/$old" ] && [ "$(cut -d' ' -f3 "/proc/$old/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
 fi
 setsid "$here/venv/bin/python" "$here/server.py" "$port" </dev/null >>"$here/server-$port.log" 2>&1 &
 echo $! > "$pidfile"
@@ -129,14 +131,14 @@ def venv_nodes(tmp_path, write_config, ssh_node, isolated_env):
     made: list[VenvNode] = []
 
     def make(names: list[str], diffs: dict[str, bytes] | None = None, defaults: dict | None = None,
-             **extra: object):
+             per_node: Callable[[VenvNode], dict] | None = None, **extra: object):
         nodes = {}
         for name in names:
             node = VenvNode(tmp_path / "nodes" / name)
             made.append(node)
             nodes[name] = node
-        config_path = write_config({n: ssh_node(n, v.site, **extra) for n, v in nodes.items()},
-                                   groups={"all": list(names)}, defaults=defaults)
+        config_path = write_config({n: ssh_node(n, v.site, **extra, **(per_node(v) if per_node else {}))
+                                    for n, v in nodes.items()}, groups={"all": list(names)}, defaults=defaults)
         config = load_config(str(config_path))
         store = Store.open_or_create(config.store_path)
         assert pull_nodes(store, config.select(["all"])).exit_code == 0
@@ -205,3 +207,117 @@ def test_secret_looking_values_are_masked_on_the_node():
             "--password=pw3", "--auth-token", "tok4", "--model-path", "/m", "MY_SECRET=s5", "--key", "k"]
     assert mask_command(argv) == ("python -m sglang.launch_server --api-key *** --tokenizer-path /t HF_TOKEN=*** "
                                   "--password=*** --auth-token *** --model-path /m MY_SECRET=*** --key k")
+
+
+def records(store: Path, node: str) -> list[dict]:
+    """The push records of a node, newest first (their snapver-meta), read with git."""
+    out = subprocess.run(["git", "--git-dir", str(store), "log", "--format=%B%x00", f"refs/heads/pushes/{node}"],
+                         capture_output=True, check=True, text=True).stdout
+    return [json.loads(line[len("snapver-meta: "):]) for body in out.split("\0")
+            for line in body.splitlines() if line.startswith("snapver-meta: ")]
+
+
+def test_restart_and_health_url_from_the_config(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 5}
+
+    nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
+    node, port = nodes["ct200"], ports["ct200"]
+    old_pid = node.start(port)
+    result = run_snapver("push", "bump", "--yes")
+    assert result.code == 0, result
+    assert (f"ct200: restarted, http://127.0.0.1:{port}/health answered 200: healthy" in result.out), result
+    assert "runs code older" not in result.out  # the restart ran the new code
+    assert health(port) == "value 2"
+    new_pid = int((node.root / "server.pid").read_text())
+    assert new_pid != old_pid
+    found = ps_json(run_snapver, "ct200")["ct200"]
+    assert [(p["pid"], p["restart_needed"]) for p in found["processes"]] == [(new_pid, False)], found
+    assert records(store, "ct200")[0]["hooks"]["ct200"]["restart"] == node.restart_command(port)
+
+
+def test_a_patch_that_breaks_the_import_fails_health_and_is_rolled_back_and_restarted(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 3}
+
+    nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
+    node, port = nodes["ct200"], ports["ct200"]
+    node.start(port)
+    original = tree_hashes(node.site)
+    result = run_snapver("push", "breaks", "--yes")
+    assert result.code == 3, result
+    assert (f"ct200: rolled back: ct200: health URL http://127.0.0.1:{port}/health not healthy within 3 s: "
+            "Connection refused" in result.err), result
+    assert f"ct200: on the restored code: restarted, http://127.0.0.1:{port}/health answered 200: healthy" \
+        in result.err, result
+    assert "ImportError: broken" in (node.root / f"server-{port}.log").read_text()  # the restart met the break
+    assert tree_hashes(node.site) == original
+    assert health(port) == "value 1"
+    record = records(store, "ct200")[0]
+    assert record["state"] == "rolled-back" and "not healthy" in record["error"]
+
+
+NEVER_ANSWERS = "never-answers"
+
+
+@pytest.mark.parametrize("case", ["restart exits 7", "restart hangs", "restart kills the session",
+                                  "health URL 500", "health URL refused", "health URL never answers"])
+def test_bad_hooks_roll_the_node_back(case, venv_nodes, run_snapver):
+    nodes, _, store = venv_nodes(["ct200"])
+    node = nodes["ct200"]
+    port = free_port()
+    node.start(port)
+    original = tree_hashes(node.site)
+    good_restart, good_url = node.restart_command(port), f"http://127.0.0.1:{port}/health"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections (the kernel does) and never answers
+    restart, url, expected = {
+        "restart exits 7": ("echo failing >&2; exit 7", good_url, "restart failed (exit 7): failing"),
+        "restart hangs": ("sleep 30", good_url, "restart failed (timed out after 2 s)"),
+        "restart kills the session": ("kill -9 $PPID", good_url, "ct200: rolled back: "),
+        "health URL 500": (good_restart, f"http://127.0.0.1:{port}/fail", "answered 500 Internal Server Error"),
+        "health URL refused": (good_restart, f"http://127.0.0.1:{free_port()}/health", "Connection refused"),
+        "health URL never answers": (good_restart, f"http://127.0.0.1:{silent.getsockname()[1]}/health",
+                                     "no answer within"),
+    }[case]
+    began = time.monotonic()
+    with silent:
+        result = run_snapver("push", "bump", "--yes", "--restart", restart, "--health-url", url,
+                             "--health-timeout", "2")
+    assert time.monotonic() - began < 40
+    assert result.code == 3, result
+    assert expected in result.err and "Traceback" not in result.err, result
+    assert tree_hashes(node.site) == original  # rolled back, nothing half-written
+    assert records(store, "ct200")[0]["state"] == "rolled-back"
+    if restart == good_restart:
+        # The restart ran the patched code, so it runs again on the restored code; the URL
+        # still fails, and that is said too.
+        assert "ct200: restart on the restored code failed" in result.err, result
+        assert wait_health(port) == "value 1"
+    else:
+        assert "ct200: restart on the restored code failed" in result.err, result
+        assert wait_health(port) == "value 1"  # the server started before the push was never stopped
+
+
+def test_hook_settings_are_validated(venv_nodes, run_snapver, write_config, ssh_node, tmp_path):
+    venv_nodes(["ct200"])
+    result = run_snapver("push", "bump", "--yes", "--health-url", "ftp://127.0.0.1/health")
+    assert result.code == 2 and "--health-url: expected an http:// or https:// URL" in result.err, result
+    result = run_snapver("push", "bump", "--yes", "--restart", "  ")
+    assert result.code == 2 and "--restart: expected a shell command" in result.err, result
+    for key, value, message in [("health_url", "http://127.0.0.1:99999/x", "not a URL"),
+                                ("health_timeout", 0, "expected a positive number of seconds"),
+                                ("restart", "", "expected a shell command, got an empty string"),
+                                ("health", 3, "expected a shell command, got int 3")]:
+        config = write_config({"ct200": ssh_node("ct200", tmp_path, **{key: value})}, where=tmp_path / "bad.toml")
+        result = run_snapver("--config", config, "push", "bump", "--yes")
+        assert result.code == 2 and f"nodes.ct200.{key}: {message}" in result.err, (key, result)
