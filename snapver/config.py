@@ -92,6 +92,7 @@ class Config:
     store_path: Path
     nodes: dict[str, NodeSpec] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    waves: str | None = None  # [defaults] waves: how a push rolls out when --waves is not given
 
     def node(self, name: str) -> NodeSpec:
         """The node called ``name``; an unknown name is a usage error listing the known."""
@@ -190,8 +191,16 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     if not store_path.is_absolute():
         store_path = path.resolve().parent / store_path
 
-    defaults = _table(data, "defaults", fail)
-    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port"}, "defaults.", fail)
+    defaults = dict(_table(data, "defaults", fail))
+    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves"}, "defaults.", fail)
+    waves = defaults.pop("waves", None)  # the fleet's, not a node's
+    if waves is not None:
+        if not isinstance(waves, str):
+            raise fail("defaults.waves", f'expected a string such as "1,25%,100%", got {waves!r}')
+        try:
+            parse_waves(waves)
+        except UsageError as exc:
+            raise fail("defaults.waves", exc.message.replace("--waves: ", "")) from None
     _check_types(defaults, "defaults.", fail)
 
     nodes: dict[str, NodeSpec] = {}
@@ -217,7 +226,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
         groups[name] = tuple(members)
-    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups)
+    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves)
 
 
 def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:
@@ -328,3 +337,23 @@ def _check_types(table: dict[str, Any], prefix: str, fail: Any) -> None:
             wrong = not all(isinstance(item, str) for item in value)
         if wrong:
             raise fail(prefix + key, f"expected {description}, got {type(value).__name__} {value!r}")
+
+
+def parse_waves(text: str) -> list[tuple[float, bool]]:
+    """``1,25%,100%`` → [(1, False), (25, True), (100, True)]: each wave's cumulative size,
+    a node count or a percentage of the targets. Sizes must grow; a count is at least 1, a
+    percentage 1-100. Anything else is a usage error."""
+    steps: list[tuple[float, bool]] = []
+    for piece in text.split(","):
+        item = piece.strip()
+        percent = item.endswith("%")
+        number = item[:-1].strip() if percent else item
+        if not number.isdigit():
+            raise UsageError(f"--waves: {item!r} is not a node count or a percentage (in {text!r})",
+                             hint="e.g. --waves 1,25%,100%: one node, then up to a quarter, then all")
+        value = int(number)
+        if value < 1 or (percent and value > 100):
+            raise UsageError(f"--waves: {item!r} is out of range (a count is at least 1, a percentage 1-100%)",
+                             hint="e.g. --waves 1,25%,100%")
+        steps.append((float(value), percent))
+    return steps

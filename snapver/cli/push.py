@@ -93,6 +93,38 @@ def render_stale(stale: list, action: str) -> None:
             err.print(f"[yellow]warning[/yellow]: {escape(note)}")
 
 
+def _render_wave(index: int, runs: list) -> None:
+    console().print(f"wave {index + 1}: {escape(', '.join(run.node for run in runs))}")
+    for run in runs:
+        render_run(run)
+
+
+def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> bool:
+    """Before wave ``index`` (0-based): wait ``pause`` seconds; on a terminal without
+    --yes, ask. False stops the push (earlier waves stay patched)."""
+    if pause:
+        console().print(f"waiting {pause:g} s before wave {index + 1}")
+        interrupt.pause(pause)
+        if interrupt.requested():
+            return False
+    if not yes and sys.stdin.isatty():
+        return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False)
+    return True
+
+
+def _render_waves_end(result: "object") -> None:
+    from snapver.ops.push import WavesResult
+
+    assert isinstance(result, WavesResult)
+    total = len(result.waves)
+    if not result.stopped:
+        console().print(f"all {total} wave(s) finished")
+        return
+    left = [run.node for run in result.nodes if run.state == "cancelled" and not run.written]
+    console(stderr=True).print(f"[red]push stopped[/red] after {result.finished} of {total} wave(s) finished; "
+                               f"not written: {escape(', '.join(left)) or '-'}")
+
+
 def confirm(yes: bool, question: str) -> bool:
     """Ask on a terminal; without one, only ``--yes`` allows writing."""
     from snapver.errors import UsageError
@@ -126,13 +158,23 @@ def push(
     health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
                                              help="Poll URL from each node after writing until it answers 2xx; "
                                              "failure rolls the node back and restarts it on the restored code."),
+    waves: Optional[str] = typer.Option(None, "--waves", metavar="SPEC",
+                                        help="Roll out in waves, e.g. 1,25%,100% (cumulative node counts or "
+                                        "percentages; default: the config's waves): each wave written, restarted "
+                                        "and healthy before the next; a failure stops the push."),
+    pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
+                                help="Wait this long between waves (on a terminal without --yes: ask)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, hooks_for, plan_push
+    from snapver.config import parse_waves
+    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push
 
     config = STATE.config()
+    waves_spec = waves if waves is not None else config.waves
+    if waves_spec is not None:
+        parse_waves(waves_spec)  # a bad spec is refused before any node is asked
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force) as plan:
@@ -163,10 +205,18 @@ def push(
             console(stderr=True).print("snapver: nothing written")
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
-        result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
+        if waves_spec is not None:
+            result = apply_push_waves(store, plan, waves_spec, hooks, keep_going,
+                                      between=lambda index, names: _between_waves(index, names, pause, yes),
+                                      on_wave=None if json_out else _render_wave)
+        else:
+            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
+    elif waves_spec is not None:
+        _render_waves_end(result)
+        render_stale(stale, "push")
     else:
         for run in result.nodes:
             render_run(run)

@@ -91,7 +91,8 @@ def render_status(result: Any) -> None:
                 out.print(f"[red]{escape(row.node)}: INTERRUPTED {escape(what)} ({when})[/red]: "
                           f"run `snapver rollback {escape(row.node)}` to repair it")
             else:
-                out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})")
+                out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})"
+                          + (f": {escape(push['waves'])}" if push.get("waves") else ""))
         if getattr(row, "restart_error", None) and row.error is None:
             out.print(f"{escape(row.node)}: its processes could not be listed: {escape(row.restart_error)}")
         elif getattr(row, "restart_needed", None):

@@ -390,6 +390,7 @@ class PushState:
     restore: str | None
     after: str | None
     running: bool = False
+    waves: str | None = None  # "stopped after 1 of 2 wave(s) (1,100%)" for a push in waves that stopped
 
     @property
     def interrupted(self) -> bool:
@@ -400,14 +401,23 @@ class PushState:
         return {"node": self.node, "record": self.record, "action": self.action, "state": self.state,
                 "patch": self.patch, "time": self.time.isoformat(), "before": self.before,
                 "restore": self.restore, "after": self.after, "running": self.running,
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "waves": self.waves}
 
 
 def _state_of(node: str, commit: Commit, running: bool = False) -> PushState:
     meta = commit.meta
     return PushState(node, commit.id, meta.get("action", "push"), meta.get("state", "?"), meta.get("patch"),
                      commit.time.astimezone(), meta.get("before"), meta.get("restore") or meta.get("before"),
-                     meta.get("after"), running)
+                     meta.get("after"), running, _waves_note(meta))
+
+
+def _waves_note(meta: dict[str, Any]) -> str | None:
+    """What a record of a push in waves says of where it stopped (None: not in waves, or
+    its node's wave finished)."""
+    if not meta.get("waves") or meta.get("state") == "done":
+        return None
+    return (f"the push stopped after {meta.get('waves_finished', 0)} of {meta.get('of_waves', '?')} wave(s) "
+            f"({meta['waves']})")
 
 
 def newest_record(store: Store, node: str, check_lock: bool = True) -> PushState | None:

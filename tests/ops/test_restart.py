@@ -321,3 +321,54 @@ def test_hook_settings_are_validated(venv_nodes, run_snapver, write_config, ssh_
         config = write_config({"ct200": ssh_node("ct200", tmp_path, **{key: value})}, where=tmp_path / "bad.toml")
         result = run_snapver("--config", config, "push", "bump", "--yes")
         assert result.code == 2 and f"nodes.ct200.{key}: {message}" in result.err, (key, result)
+
+
+def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 3}
+
+    names = ["fleet00", "fleet01", "fleet02", "fleet03"]
+    nodes, _, store = venv_nodes(names, per_node=hooks)
+    pids = {name: nodes[name].start(ports[name]) for name in names}
+    original = {name: tree_hashes(nodes[name].site) for name in names}
+
+    result = run_snapver("push", "breaks", "--yes", "--waves", "1,100%")
+    assert result.code == 3, result
+    assert "wave 1: fleet00" in result.out and "wave 2" not in result.out, result
+    assert "push stopped after 0 of 2 wave(s) finished; not written: fleet01, fleet02, fleet03" in result.err
+    assert "fleet00: on the restored code: restarted" in result.err
+    for name in names:
+        assert tree_hashes(nodes[name].site) == original[name], name
+        assert wait_health(ports[name]) == "value 1"
+    for name in names[1:]:  # never written, never restarted
+        assert int((nodes[name].root / "server.pid").read_text()) == pids[name]
+    canary = records(store, "fleet00")[0]
+    assert (canary["state"], canary["wave"], canary["of_waves"], canary["waves"]) == ("rolled-back", 1, 2, "1,100%")
+    for name in names[1:]:
+        record = records(store, name)[0]
+        assert (record["state"], record["waves_finished"], record["push_id"]) == ("cancelled", 0, canary["push_id"])
+    status = run_snapver("status", "fleet01")
+    assert "fleet01: last push breaks cancelled" in status.out and "stopped after 0 of 2 wave(s)" in status.out
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,100%")
+    assert result.code == 0, result
+    assert "wave 1: fleet00" in result.out and "wave 2: fleet01, fleet02, fleet03" in result.out
+    assert "all 2 wave(s) finished" in result.out
+    for name in names:
+        assert health(ports[name]) == "value 2"
+        assert records(store, name)[0]["state"] == "done"
+
+
+@pytest.mark.parametrize("spec", ["0", "150%", "a,b", "", "2,1"])
+def test_bad_wave_specs_exit_2_with_nothing_written(spec, venv_nodes, run_snapver):
+    nodes, _, store = venv_nodes(["ct200", "ct129"])
+    before = {name: tree_hashes(node.site) for name, node in nodes.items()}
+    result = run_snapver("push", "bump", "--yes", "--waves", spec)
+    assert result.code == 2 and result.err.startswith("snapver: error: --waves: "), result
+    assert {name: tree_hashes(node.site) for name, node in nodes.items()} == before
+    no_record = subprocess.run(["git", "--git-dir", str(store), "show-ref", "--verify", "-q", "refs/heads/pushes/ct200"])
+    assert no_record.returncode != 0  # no push record: nothing was started
