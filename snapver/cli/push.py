@@ -233,11 +233,21 @@ def rollback(
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
     force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
+    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+                                          help="Run CMD (sh) on the node after restoring it (default: the "
+                                          "config's restart)."),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
+    health: Optional[str] = typer.Option(None, "--health", metavar="CMD", help="Run CMD (sh) after restoring."),
+    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+                                             help="Poll URL from the node after restoring until it answers 2xx."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+                                                   help="Seconds the restart and each health check may take."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Undo the last push on a node (only the files it wrote, each only while it still holds
     what the push wrote), or restore its tree exactly to a snapshot with --to."""
     from snapver.ops.ps import stale_after_write
+    from snapver.ops.push import hooks_for
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     config = STATE.config()
@@ -266,7 +276,8 @@ def rollback(
         if plan.node.writes and not confirm(yes, f"restore {len(plan.node.writes)} file(s) on {node}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
-        run = apply_rollback(store, plan)
+        hooks = hooks_for([plan.node.spec], restart, no_restart, health, health_url, health_timeout)
+        run = apply_rollback(store, plan, hooks)
         stale = [] if run is None or interrupt.requested() else stale_after_write([plan.node], [run])
     if json_out:
         emit_json({**plan.to_json(), "dry_run": False, "result": run.to_json() if run else None,

@@ -239,6 +239,12 @@ def test_restart_and_health_url_from_the_config(venv_nodes, run_snapver):
     assert [(p["pid"], p["restart_needed"]) for p in found["processes"]] == [(new_pid, False)], found
     assert records(store, "ct200")[0]["hooks"]["ct200"]["restart"] == node.restart_command(port)
 
+    # rollback restarts too: the server runs the restored code
+    result = run_snapver("rollback", "ct200", "--yes")
+    assert result.code == 0, result
+    assert f"ct200: restarted, http://127.0.0.1:{port}/health answered 200: healthy" in result.out, result
+    assert health(port) == "value 1"
+
 
 def test_a_patch_that_breaks_the_import_fails_health_and_is_rolled_back_and_restarted(venv_nodes, run_snapver):
     ports = {}
