@@ -123,6 +123,9 @@ def _render_waves_end(result: "object") -> None:
     left = [run.node for run in result.nodes if run.state == "cancelled" and not run.written]
     console(stderr=True).print(f"[red]push stopped[/red] after {result.finished} of {total} wave(s) finished; "
                                f"not written: {escape(', '.join(left)) or '-'}")
+    for run in result.rolled_back:
+        console(stderr=True).print(f"{escape(run.node)}: --rollback-all:")
+        render_run(run)
 
 
 def confirm(yes: bool, question: str) -> bool:
@@ -164,17 +167,24 @@ def push(
                                         "and healthy before the next; a failure stops the push."),
     pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
                                 help="Wait this long between waves (on a terminal without --yes: ask)."),
+    rollback_all: bool = typer.Option(False, "--rollback-all",
+                                      help="When a wave fails, also roll back the waves that finished."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
     from snapver.ops.ps import stale_after_write
     from snapver.config import parse_waves
-    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push
+    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push, roll_back_finished_waves
 
     config = STATE.config()
     waves_spec = waves if waves is not None else config.waves
     if waves_spec is not None:
         parse_waves(waves_spec)  # a bad spec is refused before any node is asked
+    elif rollback_all:
+        from snapver.errors import UsageError
+
+        raise UsageError("--rollback-all rolls back the finished waves of a push in waves",
+                         hint="add --waves SPEC (or set waves in [defaults])")
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force) as plan:
@@ -209,6 +219,8 @@ def push(
             result = apply_push_waves(store, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
                                       on_wave=None if json_out else _render_wave)
+            if rollback_all and result.stopped:
+                result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
         else:
             result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)

@@ -218,6 +218,7 @@ class WavesResult(PushResult):
     waves: list[list[str]] = field(default_factory=list)
     finished: int = 0
     spec: str = ""
+    rolled_back: list[NodeRun] = field(default_factory=list)  # --rollback-all: finished waves undone
 
     @property
     def stopped(self) -> bool:
@@ -225,7 +226,7 @@ class WavesResult(PushResult):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "rolled_back": [run.to_json() for run in self.rolled_back]}
 
 
 def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
@@ -275,3 +276,25 @@ def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, H
                 for node, commit in write_records(store, record, rows).items():
                     next(r for r in result.nodes if r.node == node).record = commit
     return result
+
+
+def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
+                             hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
+    """``--rollback-all``: after a push in waves stopped, undo it on the nodes of the waves
+    that finished (each a real rollback: only the files the push wrote, each only while it
+    still holds what was written; recorded; restarted by the hooks)."""
+    from snapver.ops.rollback import apply_rollback, plan_rollback
+
+    undone = []
+    finished = {node for wave in result.waves[:result.finished] for node in wave}
+    for run in result.nodes:
+        if run.node not in finished or run.state != "done":
+            continue
+        with plan_rollback(store, config, run.node) as plan:
+            try:
+                done = apply_rollback(store, plan, hooks)
+            except SnapverError as exc:
+                done = NodeRun(run.node, "failed", error=exc)
+        if done is not None:
+            undone.append(done)
+    return undone

@@ -369,6 +369,41 @@ def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
         assert records(store, name)[0]["state"] == "done"
 
 
+def test_a_failed_second_wave_keeps_or_rolls_back_the_first(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        path = "/fail" if node.root.name == "fleet01" else "/health"  # the second wave's node never gets healthy
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}{path}",
+                "health_timeout": 2}
+
+    names = ["fleet00", "fleet01", "fleet02"]
+    nodes, _, store = venv_nodes(names, per_node=hooks)
+    for name in names:
+        nodes[name].start(ports[name])
+    original = {name: tree_hashes(nodes[name].site) for name in names}
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%")
+    assert result.code == 3, result
+    assert "push stopped after 1 of 3 wave(s) finished; not written: fleet02" in result.err, result
+    assert health(ports["fleet00"]) == "value 2"  # the finished canary wave stays patched
+    assert (records(store, "fleet00")[0]["state"], records(store, "fleet01")[0]["state"]) == ("done", "rolled-back")
+    assert tree_hashes(nodes["fleet01"].site) == original["fleet01"]
+    assert tree_hashes(nodes["fleet02"].site) == original["fleet02"]
+    assert run_snapver("rollback", "fleet00", "--yes").code == 0
+    assert health(ports["fleet00"]) == "value 1"
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%", "--rollback-all")
+    assert result.code == 3, result
+    assert "fleet00: --rollback-all:" in result.err, result
+    for name in names:
+        assert tree_hashes(nodes[name].site) == original[name], name
+    assert wait_health(ports["fleet00"]) == "value 1"  # restarted on the restored code
+    assert records(store, "fleet00")[0]["action"] == "rollback"
+    assert run_snapver("push", "bump", "--yes", "--rollback-all").code == 2
+
+
 @pytest.mark.parametrize("spec", ["0", "150%", "a,b", "", "2,1"])
 def test_bad_wave_specs_exit_2_with_nothing_written(spec, venv_nodes, run_snapver):
     nodes, _, store = venv_nodes(["ct200", "ct129"])
