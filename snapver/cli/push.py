@@ -172,8 +172,8 @@ def push(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
-    from snapver.ops.ps import stale_after_write
     from snapver.config import parse_waves
+    from snapver.ops.ps import stale_after_write
     from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push, roll_back_finished_waves
 
     config = STATE.config()
