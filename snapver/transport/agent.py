@@ -1122,23 +1122,35 @@ def op_run(channel, request):
     process = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)
+    # The output is read by a thread and the command's end is what is waited for, not the
+    # pipe's: a restart that starts a server in the background (`nohup server &`) leaves
+    # it holding the pipe open for as long as it runs.
+    import threading
+
+    pieces = []
+
+    def pump(fd=process.stdout.fileno()):
+        try:
+            for piece in iter(lambda: os.read(fd, 65536), b""):
+                pieces.append(piece)
+        except OSError:
+            pass
+
+    reader = threading.Thread(target=pump)
+    reader.daemon = True
+    reader.start()
     timed_out = False
     try:
-        output, _ = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         try:
             os.killpg(process.pid, 9)
         except OSError:
             pass
-        try:
-            output, _ = process.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            # A process the command left behind in a session of its own (a server it
-            # started) still holds the output pipe: stop reading rather than wait for it.
-            process.stdout.close()
-            process.wait()
-            output = b""
+        process.wait()
+    reader.join(1.0)  # what the command itself printed has arrived by now
+    output = b"".join(pieces)
     channel.send({"code": process.returncode, "timed_out": timed_out,
                   "output": output[-4000:].decode("utf-8", "replace")})
 

@@ -228,8 +228,13 @@ def test_restart_and_health_url_from_the_config(venv_nodes, run_snapver):
     nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
     node, port = nodes["ct200"], ports["ct200"]
     old_pid = node.start(port)
-    result = run_snapver("push", "bump", "--yes")
+    # A restart that leaves a process holding its output open (`cmd &`, no redirection) ends
+    # when its shell does, not when that process does.
+    began = time.monotonic()
+    result = run_snapver("push", "bump", "--yes", "--restart",
+                         f"{node.restart_command(port)}; echo restarting; (setsid sleep 30 &)")
     assert result.code == 0, result
+    assert time.monotonic() - began < 20
     assert (f"ct200: restarted, http://127.0.0.1:{port}/health answered 200: healthy" in result.out), result
     assert "runs code older" not in result.out  # the restart ran the new code
     assert health(port) == "value 2"
@@ -237,7 +242,7 @@ def test_restart_and_health_url_from_the_config(venv_nodes, run_snapver):
     assert new_pid != old_pid
     found = ps_json(run_snapver, "ct200")["ct200"]
     assert [(p["pid"], p["restart_needed"]) for p in found["processes"]] == [(new_pid, False)], found
-    assert records(store, "ct200")[0]["hooks"]["ct200"]["restart"] == node.restart_command(port)
+    assert records(store, "ct200")[0]["hooks"]["ct200"]["health_url"] == f"http://127.0.0.1:{port}/health"
 
     # rollback restarts too: the server runs the restored code
     result = run_snapver("rollback", "ct200", "--yes")
@@ -288,7 +293,7 @@ def test_bad_hooks_roll_the_node_back(case, venv_nodes, run_snapver):
     silent.listen(8)  # accepts connections (the kernel does) and never answers
     restart, url, expected = {
         "restart exits 7": ("echo failing >&2; exit 7", good_url, "restart failed (exit 7): failing"),
-        "restart hangs": ("sleep 30", good_url, "restart failed (timed out after 2 s)"),
+        "restart hangs": ("sleep 30", good_url, "restart failed (timed out after 1 s)"),
         "restart kills the session": ("kill -9 $PPID", good_url, "ct200: rolled back: "),
         "health URL 500": (good_restart, f"http://127.0.0.1:{port}/fail", "answered 500 Internal Server Error"),
         "health URL refused": (good_restart, f"http://127.0.0.1:{free_port()}/health", "Connection refused"),
@@ -298,7 +303,7 @@ def test_bad_hooks_roll_the_node_back(case, venv_nodes, run_snapver):
     began = time.monotonic()
     with silent:
         result = run_snapver("push", "bump", "--yes", "--restart", restart, "--health-url", url,
-                             "--health-timeout", "2")
+                             "--health-timeout", "1")
     assert time.monotonic() - began < 40
     assert result.code == 3, result
     assert expected in result.err and "Traceback" not in result.err, result
