@@ -365,8 +365,10 @@ def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
     status = run_snapver("status", "fleet01")
     assert "fleet01: last push breaks cancelled" in status.out and "stopped after 0 of 2 wave(s)" in status.out
 
-    result = run_snapver("push", "bump", "--yes", "--waves", "1,100%")
+    began = time.monotonic()
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,100%", "--pause", "1")
     assert result.code == 0, result
+    assert time.monotonic() - began >= 1 and "waiting 1 s before wave 2" in result.out
     assert "wave 1: fleet00" in result.out and "wave 2: fleet01, fleet02, fleet03" in result.out
     assert "all 2 wave(s) finished" in result.out
     for name in names:
