@@ -36,7 +36,12 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "connect_timeout": ((int, float), "a number of seconds"),
     "compress": (str, '"auto", "zlib" or "none"'),
     "control_persist": ((int, float), "a number of seconds (0: off)"),
+    "restart": (str, "a shell command"),
+    "health": (str, "a shell command"),
+    "health_url": (str, "an http:// or https:// URL"),
+    "health_timeout": ((int, float), "a number of seconds"),
 }
+DEFAULT_HEALTH_TIMEOUT = 300.0
 _NODE_ONLY_KEYS = {"host", "site_packages", "python", "local"}
 
 
@@ -59,6 +64,10 @@ class NodeSpec:
     connect_timeout: float = 10.0
     compress: str = "auto"
     control_persist: float = 0.0
+    restart: str | None = None  # run on the node after a push or rollback writes it
+    health: str | None = None  # a shell command on the node: exit 0 = healthy
+    health_url: str | None = None  # polled from the node itself: 2xx = healthy
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT  # seconds for the restart, and to become healthy
 
     @property
     def address(self) -> str:
@@ -83,6 +92,7 @@ class Config:
     store_path: Path
     nodes: dict[str, NodeSpec] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    waves: str | None = None  # [defaults] waves: how a push rolls out when --waves is not given
 
     def node(self, name: str) -> NodeSpec:
         """The node called ``name``; an unknown name is a usage error listing the known."""
@@ -181,8 +191,16 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     if not store_path.is_absolute():
         store_path = path.resolve().parent / store_path
 
-    defaults = _table(data, "defaults", fail)
-    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port"}, "defaults.", fail)
+    defaults = dict(_table(data, "defaults", fail))
+    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves"}, "defaults.", fail)
+    waves = defaults.pop("waves", None)  # the fleet's, not a node's
+    if waves is not None:
+        if not isinstance(waves, str):
+            raise fail("defaults.waves", f'expected a string such as "1,25%,100%", got {waves!r}')
+        try:
+            parse_waves(waves)
+        except UsageError as exc:
+            raise fail("defaults.waves", exc.message.replace("--waves: ", "")) from None
     _check_types(defaults, "defaults.", fail)
 
     nodes: dict[str, NodeSpec] = {}
@@ -208,7 +226,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
         groups[name] = tuple(members)
-    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups)
+    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves)
 
 
 def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:
@@ -232,6 +250,17 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
     timeout = merged.get("connect_timeout", 10)
     if not 0 < timeout < math.inf:
         raise fail(prefix + "connect_timeout", f"expected a positive number of seconds, got {timeout}")
+    for key in ("restart", "health"):
+        if key in merged and not merged[key].strip():
+            raise fail(prefix + key, "expected a shell command, got an empty string")
+    health_url = merged.get("health_url")
+    if health_url is not None:
+        problem = url_problem(health_url)
+        if problem:
+            raise fail(prefix + "health_url", problem)
+    health_timeout = merged.get("health_timeout", DEFAULT_HEALTH_TIMEOUT)
+    if not 0 < health_timeout < math.inf:
+        raise fail(prefix + "health_timeout", f"expected a positive number of seconds, got {health_timeout}")
     paths = tuple(merged.get("paths", DEFAULT_PATHS))
     for tracked in paths:
         parts = tracked.strip("/").split("/")
@@ -260,7 +289,27 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> Nod
         connect_timeout=float(timeout),
         compress=compress,
         control_persist=float(persist),
+        restart=merged.get("restart"),
+        health=merged.get("health"),
+        health_url=health_url,
+        health_timeout=float(health_timeout),
     )
+
+
+def url_problem(url: str) -> str:
+    """Why ``url`` cannot be a health URL ("" when it can): http(s), a host, nothing odd."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        return f"not a URL ({exc}): {url!r}"
+    if parts.scheme not in ("http", "https"):
+        return f"expected an http:// or https:// URL, got {url!r}"
+    if not parts.hostname or any(ch.isspace() or ord(ch) < 32 for ch in url):
+        return f"expected an http:// or https:// URL with a host, got {url!r}"
+    return ""
 
 
 def _valid_name(name: str) -> bool:
@@ -288,3 +337,23 @@ def _check_types(table: dict[str, Any], prefix: str, fail: Any) -> None:
             wrong = not all(isinstance(item, str) for item in value)
         if wrong:
             raise fail(prefix + key, f"expected {description}, got {type(value).__name__} {value!r}")
+
+
+def parse_waves(text: str) -> list[tuple[float, bool]]:
+    """``1,25%,100%`` → [(1, False), (25, True), (100, True)]: each wave's cumulative size,
+    a node count or a percentage of the targets. Sizes must grow; a count is at least 1, a
+    percentage 1-100. Anything else is a usage error."""
+    steps: list[tuple[float, bool]] = []
+    for piece in text.split(","):
+        item = piece.strip()
+        percent = item.endswith("%")
+        number = item[:-1].strip() if percent else item
+        if not number.isdigit():
+            raise UsageError(f"--waves: {item!r} is not a node count or a percentage (in {text!r})",
+                             hint="e.g. --waves 1,25%,100%: one node, then up to a quarter, then all")
+        value = int(number)
+        if value < 1 or (percent and value > 100):
+            raise UsageError(f"--waves: {item!r} is out of range (a count is at least 1, a percentage 1-100%)",
+                             hint="e.g. --waves 1,25%,100%")
+        steps.append((float(value), percent))
+    return steps

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 # them. Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "diff": "diff", "import": "importdir", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
-    "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
+    "diff": "diff", "import": "importdir", "ps": "ps", "pull": "pull", "push": "push", "rollback": "push",
+    "status": "status", "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
     "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
 }
 # Modules of snapver/cli/ that register no command.

@@ -55,6 +55,10 @@ def render_run(run: "NodeRun") -> None:
     if run.state == "done":
         console().print(f"{name}: [green]done[/green] — wrote {len(run.written)}, deleted {len(run.deleted)}"
                         f"{bytecode}, verified; {snapshots}")
+        if run.hooks_log:
+            checked = [step for step in run.hooks_log if step != "restarted"]
+            console().print(f"{name}: {escape(', '.join(run.hooks_log))}"
+                            + (": [green]healthy[/green]" if checked else " (no health check)"))
         return
     err = console(stderr=True)
     label = {"rolled-back": "rolled back", "cancelled": "not written"}.get(run.state, run.state)
@@ -63,6 +67,65 @@ def render_run(run: "NodeRun") -> None:
     if run.rollback_error is not None:
         err.print(f"{name}: [red]rollback failed[/red]: {escape(str(run.rollback_error))}; "
                   f"run `snapver rollback {name}`")
+    if run.recovery_error is not None:
+        err.print(f"{name}: [red]restart on the restored code failed[/red]: {escape(str(run.recovery_error))}")
+    elif run.recovery_log:
+        checked = [step for step in run.recovery_log if step != "restarted"]
+        err.print(f"{name}: on the restored code: {escape(', '.join(run.recovery_log))}"
+                  + (": [green]healthy[/green]" if checked else " (no health check)"))
+
+
+def render_stale(stale: list, action: str) -> None:
+    """One line per process that still runs the code from before this push (or rollback)."""
+    from snapver.cli.ps import started_text
+
+    out, err = console(), console(stderr=True)
+    for node in stale:
+        if node.error is not None:
+            err.print(f"[yellow]warning[/yellow]: {escape(node.node)}: could not list its processes: "
+                      f"{escape(str(node.error))}")
+            continue
+        for process in node.processes:
+            command = process.command if len(process.command) <= 160 else process.command[:159] + "…"
+            out.print(f"{escape(node.node)}: pid {process.pid} {escape(command)} started {started_text(process)} "
+                      f"[yellow]runs code older than this {action}: restart it[/yellow]")
+        for note in node.listed.warnings() if node.listed is not None else ():
+            err.print(f"[yellow]warning[/yellow]: {escape(note)}")
+
+
+def _render_wave(index: int, runs: list) -> None:
+    console().print(f"wave {index + 1}: {escape(', '.join(run.node for run in runs))}")
+    for run in runs:
+        render_run(run)
+
+
+def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> bool:
+    """Before wave ``index`` (0-based): wait ``pause`` seconds; on a terminal without
+    --yes, ask. False stops the push (earlier waves stay patched)."""
+    if pause:
+        console().print(f"waiting {pause:g} s before wave {index + 1}")
+        interrupt.pause(pause)
+        if interrupt.requested():
+            return False
+    if not yes and sys.stdin.isatty():
+        return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False)
+    return True
+
+
+def _render_waves_end(result: "object") -> None:
+    from snapver.ops.push import WavesResult
+
+    assert isinstance(result, WavesResult)
+    total = len(result.waves)
+    if not result.stopped:
+        console().print(f"all {total} wave(s) finished")
+        return
+    left = [run.node for run in result.nodes if run.state == "cancelled" and not run.written]
+    console(stderr=True).print(f"[red]push stopped[/red] after {result.finished} of {total} wave(s) finished; "
+                               f"not written: {escape(', '.join(left)) or '-'}")
+    for run in result.rolled_back:
+        console(stderr=True).print(f"{escape(run.node)}: --rollback-all:")
+        render_run(run)
 
 
 def confirm(yes: bool, question: str) -> bool:
@@ -90,13 +153,40 @@ def push(
     keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes when one fails."),
     health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
-    health_timeout: float = typer.Option(300.0, "--health-timeout", min=1, help="Seconds CMD may take."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+                                                   help="Seconds the restart and each health check may take "
+                                                   "(default: the config's health_timeout, else 300)."),
+    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+                                          help="Run CMD (sh) on each node after writing, before the health "
+                                          "checks (default: the config's restart)."),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
+    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+                                             help="Poll URL from each node after writing until it answers 2xx; "
+                                             "failure rolls the node back and restarts it on the restored code."),
+    waves: Optional[str] = typer.Option(None, "--waves", metavar="SPEC",
+                                        help="Roll out in waves, e.g. 1,25%,100% (cumulative node counts or "
+                                        "percentages; default: the config's waves): each wave written, restarted "
+                                        "and healthy before the next; a failure stops the push."),
+    pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
+                                help="Wait this long between waves (on a terminal without --yes: ask)."),
+    rollback_all: bool = typer.Option(False, "--rollback-all",
+                                      help="When a wave fails, also roll back the waves that finished."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
-    from snapver.ops.push import apply_push, plan_push
+    from snapver.config import parse_waves
+    from snapver.ops.ps import stale_after_write
+    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push, roll_back_finished_waves
 
     config = STATE.config()
+    waves_spec = waves if waves is not None else config.waves
+    if waves_spec is not None:
+        parse_waves(waves_spec)  # a bad spec is refused before any node is asked
+    elif rollback_all:
+        from snapver.errors import UsageError
+
+        raise UsageError("--rollback-all rolls back the finished waves of a push in waves",
+                         hint="add --waves SPEC (or set waves in [defaults])")
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
@@ -129,12 +219,25 @@ def push(
         if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
-        result = apply_push(store, plan, health, health_timeout, keep_going)
+        hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
+        if waves_spec is not None:
+            result = apply_push_waves(store, plan, waves_spec, hooks, keep_going,
+                                      between=lambda index, names: _between_waves(index, names, pause, yes),
+                                      on_wave=None if json_out else _render_wave)
+            if rollback_all and result.stopped:
+                result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+        else:
+            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
+        stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
     if json_out:
-        emit_json({**result.to_json(), "dry_run": False})
+        emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
+    elif waves_spec is not None:
+        _render_waves_end(result)
+        render_stale(stale, "push")
     else:
         for run in result.nodes:
             render_run(run)
+        render_stale(stale, "push")
     interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code
 
@@ -147,10 +250,21 @@ def rollback(
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
     force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
+    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+                                          help="Run CMD (sh) on the node after restoring it (default: the "
+                                          "config's restart)."),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
+    health: Optional[str] = typer.Option(None, "--health", metavar="CMD", help="Run CMD (sh) after restoring."),
+    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+                                             help="Poll URL from the node after restoring until it answers 2xx."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+                                                   help="Seconds the restart and each health check may take."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Undo the last push on a node (only the files it wrote, each only while it still holds
     what the push wrote), or restore its tree exactly to a snapshot with --to."""
+    from snapver.ops.ps import stale_after_write
+    from snapver.ops.push import hooks_for
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     config = STATE.config()
@@ -179,14 +293,17 @@ def rollback(
         if plan.node.writes and not confirm(yes, f"restore {len(plan.node.writes)} file(s) on {node}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
-        run = apply_rollback(store, plan)
+        hooks = hooks_for([plan.node.spec], restart, no_restart, health, health_url, health_timeout)
+        run = apply_rollback(store, plan, hooks)
+        stale = [] if run is None or interrupt.requested() else stale_after_write([plan.node], [run])
     if json_out:
         emit_json({**plan.to_json(), "dry_run": False, "result": run.to_json() if run else None,
-                   "exit_code": run.exit_code if run else 0})
+                   "exit_code": run.exit_code if run else 0, "still_running_old": [s.to_json() for s in stale]})
     elif run is not None:
         if plan.nothing_to_do:
             out.print(f"{escape(node)}: nothing to restore; the interrupted push is marked repaired")
         else:
             render_run(run)
+            render_stale(stale, "rollback")
     interrupt.check()
     return run.exit_code if run else 0

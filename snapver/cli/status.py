@@ -64,9 +64,9 @@ def status(
 
 def render_status(result: Any) -> None:
     out = console()
-    print_table(out, ("node", "reachable", "snapshot", "since snapshot", "known-good", "state"), [
-        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row))
-        for row in result.nodes])
+    print_table(out, ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart"), [
+        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
+         _restart(row)) for row in result.nodes])
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)
@@ -78,7 +78,13 @@ def render_status(result: Any) -> None:
                 out.print(f"[red]{escape(row.node)}: INTERRUPTED {escape(what)} ({when})[/red]: "
                           f"run `snapver rollback {escape(row.node)}` to repair it")
             else:
-                out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})")
+                out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})"
+                          + (f": {escape(push['waves'])}" if push.get("waves") else ""))
+        if getattr(row, "restart_error", None) and row.error is None:
+            out.print(f"{escape(row.node)}: its processes could not be listed: {escape(row.restart_error)}")
+        elif getattr(row, "restart_needed", None):
+            out.print(f"{escape(row.node)}: {row.restart_needed} process(es) run code older than the tree: "
+                      f"`snapver ps {escape(row.node)}` names them")
         if row.fallback and row.error is None:
             out.print(f"{escape(row.node)}: {escape(row.fallback)}")
         if row.drift:
@@ -92,6 +98,14 @@ def render_status(result: Any) -> None:
                       f"not as {escape(row.known_good.label)}")
             for item in row.off:
                 out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+
+
+def _restart(row: Any) -> str:
+    """Processes running code older than the node's tree (`snapver ps` names them)."""
+    count = getattr(row, "restart_needed", None)
+    if count is None:
+        return "?" if getattr(row, "restart_error", None) else "-"
+    return f"[red]{count}[/red]" if count else "0"
 
 
 def _label(item: Any) -> str:

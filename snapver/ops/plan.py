@@ -314,6 +314,67 @@ def run_health(transport: Transport, spec: NodeSpec, command: str, timeout: floa
     return output
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What to run on a node after writing it: ``restart`` (sh), then wait until healthy:
+    ``health`` (sh, exit 0) and ``health_url`` (polled from the node, 2xx), within
+    ``timeout`` seconds each."""
+
+    restart: str | None = None
+    health: str | None = None
+    health_url: str | None = None
+    timeout: float = 300.0
+
+    def __bool__(self) -> bool:
+        return bool(self.restart or self.health or self.health_url)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restart": self.restart, "health": self.health, "health_url": self.health_url,
+                "timeout": self.timeout}
+
+
+def poll_health_url(transport: Transport, spec: NodeSpec, url: str, timeout: float) -> str:
+    """Poll ``url`` from the node until 2xx or ``timeout``; a failure raises."""
+    reply = transport.call("health_url", url=url, timeout=timeout)
+    if not reply.get("ok"):
+        raise TransportError(f"{spec.name}: health URL {url} not healthy within {timeout:g} s: "
+                             f"{reply.get('last')} ({reply.get('attempts')} attempt(s))")
+    return f"{url} answered {reply.get('status')}"
+
+
+def run_hooks(transport: Transport, spec: NodeSpec, hooks: Hooks, log: list[str]) -> None:
+    """Restart, then wait until healthy; each step's outcome is appended to ``log``; the
+    first failure raises (a restart that exits non-zero, hangs, or ends the session)."""
+    if hooks.restart:
+        reply = transport.call("run", command=hooks.restart, timeout=hooks.timeout)
+        output = (reply.get("output") or "").strip()
+        if reply.get("timed_out") or reply.get("code") != 0:
+            why = f"timed out after {hooks.timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"
+            tail = output.splitlines()[-1] if output else "no output"
+            raise TransportError(f"{spec.name}: restart failed ({why}): {tail}", hint=f"command: {hooks.restart}")
+        log.append("restarted")
+    if hooks.health:
+        run_health(transport, spec, hooks.health, hooks.timeout)
+        log.append("health check passed")
+    if hooks.health_url:
+        log.append(poll_health_url(transport, spec, hooks.health_url, hooks.timeout))
+
+
+def _hooks_again(plan: "NodePlan", hooks: Hooks, log: list[str]) -> SnapverError | None:
+    """After an undo: restart on the restored code and wait until healthy (a fresh
+    connection if the old one died); returns what failed, if anything."""
+    try:
+        if plan.transport is None or not plan.transport.is_open:
+            plan.close()
+            plan.transport = open_node(plan.spec)
+        run_hooks(plan.transport, plan.spec, hooks, log)
+    except SnapverError as exc:
+        if plan.transport is not None and not plan.transport.is_open:
+            plan.close()
+        return exc
+    return None
+
+
 # -- push records ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PushState:
@@ -329,6 +390,7 @@ class PushState:
     restore: str | None
     after: str | None
     running: bool = False
+    waves: str | None = None  # "stopped after 1 of 2 wave(s) (1,100%)" for a push in waves that stopped
 
     @property
     def interrupted(self) -> bool:
@@ -339,14 +401,23 @@ class PushState:
         return {"node": self.node, "record": self.record, "action": self.action, "state": self.state,
                 "patch": self.patch, "time": self.time.isoformat(), "before": self.before,
                 "restore": self.restore, "after": self.after, "running": self.running,
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "waves": self.waves}
 
 
 def _state_of(node: str, commit: Commit, running: bool = False) -> PushState:
     meta = commit.meta
     return PushState(node, commit.id, meta.get("action", "push"), meta.get("state", "?"), meta.get("patch"),
                      commit.time.astimezone(), meta.get("before"), meta.get("restore") or meta.get("before"),
-                     meta.get("after"), running)
+                     meta.get("after"), running, _waves_note(meta))
+
+
+def _waves_note(meta: dict[str, Any]) -> str | None:
+    """What a record of a push in waves says of where it stopped (None: not in waves, or
+    its node's wave finished)."""
+    if not meta.get("waves") or meta.get("state") == "done":
+        return None
+    return (f"the push stopped after {meta.get('waves_finished', 0)} of {meta.get('of_waves', '?')} wave(s) "
+            f"({meta['waves']})")
 
 
 def newest_record(store: Store, node: str, check_lock: bool = True) -> PushState | None:
@@ -422,6 +493,10 @@ class NodeRun:
     error: SnapverError | None = None
     rollback_error: SnapverError | None = None
     seconds: float = 0.0
+    hooks_log: list[str] = field(default_factory=list)  # restart and health, after writing
+    recovery_log: list[str] = field(default_factory=list)  # the same, on the restored code after an undo
+    recovery_error: SnapverError | None = None
+    hooks_started: bool = False  # the restart may have run: an undo restarts again
 
     @property
     def exit_code(self) -> int:
@@ -435,6 +510,8 @@ class NodeRun:
                 "bytecode_removed": self.bytecode_removed, "health": self.health,
                 "error": str(self.error) if self.error else None,
                 "rollback_error": str(self.rollback_error) if self.rollback_error else None,
+                "hooks": self.hooks_log, "recovery": self.recovery_log,
+                "recovery_error": str(self.recovery_error) if self.recovery_error else None,
                 "seconds": round(self.seconds, 3)}
 
 
@@ -457,8 +534,14 @@ def _snapshot(store: Store, plans: list[NodePlan],
 
 def execute(store: Store, plans: list[NodePlan], record: Record, health: str | None = None,
             health_timeout: float = 300.0, keep_going: bool = False, undo_failed: bool = True,
-            on_node: Callable[[NodeRun], None] | None = None) -> list[NodeRun]:
+            on_node: Callable[[NodeRun], None] | None = None,
+            hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
     """Apply every plan that has writes (see the module docstring for the order).
+
+    ``hooks`` (per node): after the write, restart and wait until healthy; a failure
+    rolls the node back like a failed health check, then restarts it on the restored
+    code (``recovery_log``, ``recovery_error``). A node rolled back because another
+    failed is restarted on its restored code too.
 
     An interrupt (Ctrl-C, SIGTERM) stops the nodes still sending (nothing is committed
     there: ``cancelled``), undoes by the compare-and-swap rule the nodes already written,
@@ -510,6 +593,9 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
                     interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
                 if health:
                     run.health = run_health(plan.transport, plan.spec, health, health_timeout)
+                if hooks and hooks.get(plan.node):
+                    run.hooks_started = True
+                    run_hooks(plan.transport, plan.spec, hooks[plan.node], run.hooks_log)
                 run.state = "done"
             except Cancelled as exc:
                 run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
@@ -536,6 +622,9 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
                 run.rollback_error, run.state = left_alone_error(plan.node, left), "failed"
             else:
                 run.state = "rolled-back"
+            node_hooks = (hooks or {}).get(plan.node)
+            if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
+                run.recovery_error = _hooks_again(plan, node_hooks, run.recovery_log)
 
         interrupted = False
         with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:

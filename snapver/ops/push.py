@@ -15,13 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from snapver.config import Config, NodeSpec
+from snapver.config import Config, NodeSpec, parse_waves
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, NodeRun, PushState,
-                              Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver import interrupt
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
+                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within,
+                              write_records)
+from snapver.store import refs
 from snapver.store.repo import Store
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "apply_push", "push_state"]
@@ -188,9 +191,11 @@ class PushResult:
 
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
-               keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None) -> PushResult:
+               keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
+               hooks: dict[str, Hooks] | None = None) -> PushResult:
     """Write the plan (see ``ops/plan.execute``). Refuses a plan with conflicts (unless it
-    was made with ``force``) or with unreachable nodes (unless ``keep_going``)."""
+    was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
+    per node, restart and health checks after writing (see ``hooks_for``)."""
     if plan.conflicts:
         nodes = sorted({node for node, _ in plan.conflicts})
         raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
@@ -207,9 +212,11 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
                                                      "base": patch.base, "health": health, "force": plan.force,
-                                                     **_broken_meta(plan)})
+                                                     **_broken_meta(plan),
+                                                     **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}}
+                                                        if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None]
-    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node)
+    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks)
     return PushResult(plan, runs)
 
 
@@ -218,3 +225,133 @@ def _broken_meta(plan: PushPlan) -> dict[str, Any]:
     if not plan.allow_broken:
         return {}
     return {"allow_broken": True, "broken": [str(b) for b in plan.broken]}
+
+
+def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: bool = False,
+              health: str | None = None, health_url: str | None = None,
+              timeout: float | None = None) -> dict[str, Hooks]:
+    """Each node's hooks: its config's ``restart``, ``health``, ``health_url`` and
+    ``health_timeout``, each overridden by the command line's when given (``no_restart``:
+    no restart whatever the config says). A bad ``health_url`` is a usage error."""
+    from snapver.config import url_problem
+
+    if health_url is not None and url_problem(health_url):
+        raise UsageError(f"--health-url: {url_problem(health_url)}")
+    if restart is not None and not restart.strip():
+        raise UsageError("--restart: expected a shell command, got an empty string", hint="--no-restart skips it")
+    found = {}
+    for spec in specs:
+        found[spec.name] = Hooks(restart=None if no_restart else (restart or spec.restart),
+                                 health=health or spec.health, health_url=health_url or spec.health_url,
+                                 timeout=timeout if timeout is not None else spec.health_timeout)
+    return found
+
+
+# -- canary waves -----------------------------------------------------------------------
+def split_waves(nodes: list[NodePlan], steps: list[tuple[float, bool]]) -> list[list[NodePlan]]:
+    """The nodes of each wave, in order: wave k holds the nodes up to its cumulative size
+    (a percentage rounded up); sizes that add no node are dropped, and whatever the last
+    size leaves out forms a last wave (a rollout never stops short by its spec)."""
+    import math
+
+    total, waves, done = len(nodes), [], 0
+    for value, percent in steps:
+        upto = min(total, math.ceil(total * value / 100) if percent else int(value))
+        if upto < done:
+            raise UsageError(f"--waves: each wave must reach at least as many nodes as the one before "
+                             f"({upto} after {done} of {total})")
+        if upto > done:
+            waves.append(nodes[done:upto])
+            done = upto
+    if done < total:
+        waves.append(nodes[done:])
+    return waves
+
+
+@dataclass
+class WavesResult(PushResult):
+    """A push in waves: ``finished`` waves of ``waves``; nodes of later waves untouched."""
+
+    waves: list[list[str]] = field(default_factory=list)
+    finished: int = 0
+    spec: str = ""
+    rolled_back: list[NodeRun] = field(default_factory=list)  # --rollback-all: finished waves undone
+
+    @property
+    def stopped(self) -> bool:
+        return self.finished < len(self.waves)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
+                "stopped": self.stopped, "rolled_back": [run.to_json() for run in self.rolled_back]}
+
+
+def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
+                     keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
+                     on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> WavesResult:
+    """Write the plan wave by wave (``spec`` as ``parse_waves`` reads it): each wave is
+    written, restarted and health-checked (``execute``) before the next begins. A failed
+    node rolls back its wave (unless ``keep_going``) and stops the push: later waves are
+    not written, and their nodes get a "cancelled" record saying where the push stopped.
+    ``between(next_wave_index, its nodes)`` may stop the push between waves (False)."""
+    if plan.conflicts or (plan.errors and not keep_going):
+        apply_push(store, plan)  # raises the refusal
+    steps = parse_waves(spec)
+    ready = [n for n in plan.nodes if n.error is None and n.writes]
+    waves = split_waves(ready, steps)
+    patch = plan.patch
+    record = Record("push", f"push {patch.name}", {})
+    result = WavesResult(plan, waves=[[n.node for n in wave] for wave in waves], spec=spec)
+    for index, wave in enumerate(waves):
+        if index and between is not None and not between(index, [n.node for n in wave]):
+            break
+        record.meta = {"patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None,
+                       "force": plan.force, "waves": spec, "wave": index + 1, "of_waves": len(waves),
+                       "waves_finished": index,
+                       **({"hooks": {n.node: hooks[n.node].to_json() for n in wave if hooks.get(n.node)}}
+                          if hooks else {})}
+        runs = execute(store, wave, record, keep_going=keep_going, hooks=hooks)
+        result.nodes.extend(runs)
+        if on_wave is not None:
+            on_wave(index, runs)
+        if any(run.state != "done" for run in runs) or interrupt.requested():
+            break
+        result.finished = index + 1
+    if result.stopped:
+        reached = {r.node for r in result.nodes}
+        untouched = [n for wave in waves for n in wave if n.node not in reached]
+        rows = []
+        for node in untouched:
+            head = store.ref(refs.node_ref(node.node))
+            rows.append({"node": node.node, "state": "cancelled", "tree": head, "before": head, "after": head,
+                         "written": 0, "deleted": 0, "waves": spec, "of_waves": len(waves),
+                         "waves_finished": result.finished,
+                         "error": f"not written: the push stopped after {result.finished} of {len(waves)} wave(s)"})
+            result.nodes.append(NodeRun(node.node, "cancelled", head, head))
+        if rows:
+            with store.lock():
+                for node, commit in write_records(store, record, rows).items():
+                    next(r for r in result.nodes if r.node == node).record = commit
+    return result
+
+
+def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
+                             hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
+    """``--rollback-all``: after a push in waves stopped, undo it on the nodes of the waves
+    that finished (each a real rollback: only the files the push wrote, each only while it
+    still holds what was written; recorded; restarted by the hooks)."""
+    from snapver.ops.rollback import apply_rollback, plan_rollback
+
+    undone = []
+    finished = {node for wave in result.waves[:result.finished] for node in wave}
+    for run in result.nodes:
+        if run.node not in finished or run.state != "done":
+            continue
+        with plan_rollback(store, config, run.node) as plan:
+            try:
+                done = apply_rollback(store, plan, hooks)
+            except SnapverError as exc:
+                done = NodeRun(run.node, "failed", error=exc)
+        if done is not None:
+            undone.append(done)
+    return undone

@@ -14,7 +14,7 @@ from typing import Any
 from snapver.config import Config
 from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
-from snapver.ops.plan import Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, last_push, \
+from snapver.ops.plan import Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, last_push, \
     newest_record, open_node, restore_steps, undo_steps, within, write_records
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
@@ -119,9 +119,10 @@ def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Man
     return undo_steps(live, {p: wrote[p] for p in paths}, {p: before.get(p) for p in paths}, force)
 
 
-def apply_rollback(store: Store, plan: RollbackPlan) -> NodeRun | None:
+def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | None = None) -> NodeRun | None:
     """Write the plan; with nothing to write, only close an interrupted push's record.
-    Refuses a plan with conflicts (files changed since the push wrote them)."""
+    Refuses a plan with conflicts (files changed since the push wrote them). ``hooks``:
+    restart and health checks after writing (a failure is reported; the restored files stay)."""
     if plan.node.conflicts:
         paths = [step.path for step in plan.node.conflicts]
         raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
@@ -138,5 +139,5 @@ def apply_rollback(store: Store, plan: RollbackPlan) -> NodeRun | None:
             commit = write_records(store, record, [{"node": plan.node.node, "state": "done", "tree": head,
                                                     "before": head, "after": head, "written": 0, "deleted": 0}])
         return NodeRun(plan.node.node, "done", head, head, commit[plan.node.node])
-    runs = execute(store, [plan.node], record, undo_failed=False)
+    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks)
     return runs[0]

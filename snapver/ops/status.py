@@ -126,6 +126,8 @@ class NodeStatus:
     patches: list[PatchState] = field(default_factory=list)
     push: dict[str, Any] | None = None  # the newest push record (see last_push)
     error: SnapverError | None = None
+    restart_needed: int | None = None  # processes running older code (see ops/ps.py); None: not known
+    restart_error: str | None = None  # why they could not be listed
     # working state, not reported
     live: Manifest | None = field(default=None, repr=False)
     transport: Transport | None = field(default=None, repr=False)
@@ -178,7 +180,9 @@ class NodeStatus:
                 if self.known_good is not None and off is not None else None,
                 "pristine_unchecked": self.fallback or None,
                 "patches": [p.to_json() for p in self.patches],
-                "push": self.push, "error": str(self.error) if self.error else None, "exit_code": self.exit_code}
+                "push": self.push, "error": str(self.error) if self.error else None,
+                "restart_needed": self.restart_needed, "restart_error": self.restart_error,
+                "exit_code": self.exit_code}
 
 
 @dataclass
@@ -248,6 +252,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         row.live = live_manifest(listing())
         row.files = len(row.live)
         digests = record_digests()["hashes"] if record_digests is not None else None
+        _count_restarts(row.transport, spec, row)
         if snapshot_manifest is not None:
             row.drift = [DriftedFile(c.path, c.status, "") for c in compare_manifests(snapshot_manifest, row.live)]
         if not want_record:
@@ -268,6 +273,17 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> None:
+    """How many of the node's processes run code older than its tree (the restart column);
+    a node whose processes cannot be listed says why and keeps its status."""
+    from snapver.ops.ps import processes_of
+
+    try:
+        row.restart_needed = len(processes_of(transport, spec).needing_restart)
+    except SnapverError as exc:
+        row.restart_error = exc.message
 
 
 def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str, dict[str, int]]:

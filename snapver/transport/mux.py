@@ -161,6 +161,16 @@ def start_mux(path: Path, spec_json: dict[str, Any], idle_seconds: float, timeou
     raise TransportError(f"the persistent connection did not start ({line or 'no answer'})")
 
 
+# What a node's hooks say (config.py): nothing the connection needs, so never sent to the
+# background process (which may be another snapver's, started from the same python).
+_NOT_FOR_THE_CONNECTION = ("restart", "health", "health_url", "health_timeout")
+
+
+def connection_fields(spec: NodeSpec) -> dict[str, Any]:
+    """The spec as the background process needs it to connect."""
+    return {k: v for k, v in dataclasses.asdict(spec).items() if k not in _NOT_FOR_THE_CONNECTION}
+
+
 class MuxTransport(Transport):
     """SSH through the node's persistent connection, started on first use.
 
@@ -176,7 +186,7 @@ class MuxTransport(Transport):
         path = spec_socket_path(self.spec)
         opened = open_channel(path, command)
         if opened is None:
-            start_mux(path, dataclasses.asdict(self.spec), self.spec.control_persist, self.spec.connect_timeout)
+            start_mux(path, connection_fields(self.spec), self.spec.control_persist, self.spec.connect_timeout)
             opened = open_channel(path, command)
         if opened is None:
             from snapver.transport.ssh import SshTransport
@@ -377,7 +387,8 @@ def serve(path: Path, idle_seconds: float) -> int:
     from snapver.errors import SnapverError
     from snapver.transport.ssh import SshTransport
 
-    spec = NodeSpec(**json.loads(sys.stdin.read()))
+    known = {f.name for f in dataclasses.fields(NodeSpec)}
+    spec = NodeSpec(**{k: v for k, v in json.loads(sys.stdin.read()).items() if k in known})
     try:
         connection = SshTransport(spec)._connect()
     except SnapverError as exc:

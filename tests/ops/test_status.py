@@ -107,8 +107,11 @@ def test_status_table(fleet: dict) -> None:
     result = run_inproc("--config", fleet["config"], "status")
     assert result.code == 3, result  # the dead node
     lines = result.out.splitlines()
-    assert lines[0].split() == ["node", "reachable", "snapshot", "since", "snapshot", "known-good", "state"]
-    row = {line.split()[0]: line for line in lines[1:4]}
+    assert lines[0].split() == ["node", "reachable", "snapshot", "since", "snapshot", "known-good", "state",
+                                "restart"]
+    restart = {line.split()[0]: line.split()[-1] for line in lines[1:4]}
+    assert restart == {"ct200": "0", "ct129": "0", "dead": "-"}  # no process runs these trees; dead: unknown
+    row = {line.split()[0]: line.rstrip()[:-1] for line in lines[1:4]}  # without the restart cell
     assert row["ct200"].split()[1] == "yes" and " 6 files " in row["ct200"]
     assert row["ct200"].rstrip().endswith("RECORD sglang 0.5.23  1 patched (fix-b), 3 hot-fixed")
     assert row["ct129"].split()[1] == "yes" and row["ct129"].rstrip().endswith("none            RECORD sglang 0.5.23  pristine")

@@ -1,0 +1,422 @@
+"""Patches that reach the running server (issue 16): `snapver ps`, restart-needed lines after
+push, restart and health hooks, on real long-running processes.
+
+Each node is a real venv (``python -m venv``) whose site-packages holds a small sglang-like
+tree; its server is a real HTTP server started from the venv's python that imports a
+module of the tree and serves ``/health``. The servers are started by ``serve.sh`` (the
+same script the restart hook runs) and killed at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from helpers import tree_hashes
+
+from snapver.config import load_config
+from snapver.ops.patch import import_patch
+from snapver.ops.pull import pull as pull_nodes
+from snapver.store.repo import Store
+
+MODULE = "sglang/srt/app_mod.py"
+SERVER = '''\
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import sglang.srt.app_mod as app_mod  # the tree's code: a broken module fails the start
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        code = {"/health": 200, "/fail": 500}.get(self.path, 404)
+        body = ("value %s" % app_mod.VALUE).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+'''
+# serve.sh PORT PIDFILE: stop the server of PIDFILE (if any), start a new one in its own session.
+SERVE = '''\
+port=$1; pidfile=$2; here=$(dirname "$0")
+if [ -f "$pidfile" ]; then
+  old=$(cat "$pidfile"); kill "$old" 2>/dev/null
+  # (a killed server is reparented to pid 1, which may leave it a zombie a while: that is gone)
+  while [ -d "/proc/$old" ] && [ "$(cut -d' ' -f3 "/proc/$old/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
+fi
+setsid "$here/venv/bin/python" "$here/server.py" "$port" </dev/null >>"$here/server-$port.log" 2>&1 &
+echo $! > "$pidfile"
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def health(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+            return reply.read().decode()
+    except OSError:
+        return None
+
+
+def wait_health(port: int, want: str | None = None, seconds: float = 15) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = health(port)
+        if got is not None and (want is None or got == want):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"no healthy server on {port} (want {want!r})")
+
+
+class VenvNode:
+    """A venv on disk (site-packages = its own), its serve.sh and the servers started from it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        self.site = root / "venv" / "lib" / version / "site-packages"
+        for rel, text in {"sglang/__init__.py": "", "sglang/srt/__init__.py": "",
+                          MODULE: "VALUE = 1\n", "sglang/srt/other.py": "X = 1\n"}.items():
+            (self.site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.site / rel).write_text(text)
+        (root / "server.py").write_text(SERVER)
+        (root / "serve.sh").write_text(SERVE)
+        self.pidfiles: list[Path] = []
+
+    def restart_command(self, port: int, name: str = "server") -> str:
+        pidfile = self.root / f"{name}.pid"
+        if pidfile not in self.pidfiles:
+            self.pidfiles.append(pidfile)
+        return f"sh {self.root}/serve.sh {port} {pidfile}"
+
+    def start(self, port: int, name: str = "server") -> int:
+        subprocess.run(self.restart_command(port, name), shell=True, check=True)
+        wait_health(port)
+        return int((self.root / f"{name}.pid").read_text())
+
+    def stop(self) -> None:
+        for pidfile in self.pidfiles:
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
+
+@pytest.fixture
+def venv_nodes(tmp_path, write_config, ssh_node, isolated_env):
+    """``make(names, **node_extra)`` → (nodes, config path, store): snapshotted venv nodes and
+    patch `bump` (VALUE = 2) and `breaks` (an import error) for all of them."""
+    made: list[VenvNode] = []
+
+    def make(names: list[str], diffs: dict[str, bytes] | None = None, defaults: dict | None = None,
+             per_node: Callable[[VenvNode], dict] | None = None, **extra: object):
+        nodes = {}
+        for name in names:
+            node = VenvNode(tmp_path / "nodes" / name)
+            made.append(node)
+            nodes[name] = node
+        config_path = write_config({n: ssh_node(n, v.site, **extra, **(per_node(v) if per_node else {}))
+                                    for n, v in nodes.items()}, groups={"all": list(names)}, defaults=defaults)
+        config = load_config(str(config_path))
+        store = Store.open_or_create(config.store_path)
+        assert pull_nodes(store, config.select(["all"])).exit_code == 0
+        patches = {"bump": b"--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n" % ((MODULE.encode(),) * 2),
+                   "breaks": b"--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-VALUE = 1\n+raise ImportError('broken')\n"
+                             % ((MODULE.encode(),) * 2), **(diffs or {})}
+        for patch, diff in patches.items():
+            import_patch(store, config, patch, diff, f"{patch}.diff", names[0], ("all",))
+        return nodes, config_path, isolated_env / "snapshots"
+
+    yield make
+    for node in made:
+        node.stop()
+
+
+def ps_json(run_snapver, *targets: str) -> dict:
+    result = run_snapver("ps", *targets, "--json")
+    assert result.code == 0, result
+    return {n["node"]: n for n in json.loads(result.out)["nodes"]}
+
+
+def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(venv_nodes, run_snapver):
+    nodes, _, _ = venv_nodes(["ct200"])
+    node = nodes["ct200"]
+    old_port, new_port = free_port(), free_port()
+    old_pid = node.start(old_port, "old")
+
+    found = ps_json(run_snapver, "ct200")["ct200"]
+    assert [p["pid"] for p in found["processes"]] == [old_pid], found
+    listed = found["processes"][0]
+    assert listed["restart_needed"] is False and listed["files"] == []
+    assert listed["user"] == "root" and f"{node.root}/server.py {old_port}" in listed["command"]
+    assert "deployment's python" in listed["reasons"][0]
+
+    result = run_snapver("push", "bump", "--yes")
+    assert result.code == 0, result
+    stale = [line for line in result.out.splitlines() if line.startswith(f"ct200: pid {old_pid} ")]
+    assert len(stale) == 1 and f"{node.root}/venv/bin/python" in stale[0], result
+    assert stale[0].endswith("runs code older than this push: restart it") and re.search(r" started \d\d:\d\d", stale[0]), result
+    assert wait_health(old_port) == "value 1"  # the old server still runs the old code
+
+    status = run_snapver("status", "ct200", "--json")
+    assert json.loads(status.out)["nodes"][0]["restart_needed"] == 1, status
+    table = run_snapver("status", "ct200")
+    header = table.out.splitlines()[0].split()
+    assert header[-1] == "restart" and table.out.splitlines()[1].split()[-1] == "1", table
+    assert "ct200: 1 process(es) run code older than the tree" in table.out
+
+    new_pid = node.start(new_port, "new")
+    assert wait_health(new_port) == "value 2"
+    found = ps_json(run_snapver, "ct200")["ct200"]
+    by_pid = {p["pid"]: p for p in found["processes"]}
+    assert set(by_pid) == {old_pid, new_pid}, found
+    assert by_pid[old_pid]["restart_needed"] is True and by_pid[old_pid]["files"] == [MODULE]
+    assert by_pid[new_pid]["restart_needed"] is False and by_pid[new_pid]["files"] == []
+    assert found["restart_needed"] == 1
+
+    text = run_snapver("ps", "ct200")
+    assert text.code == 0 and "1 need a restart" in text.out and f"{MODULE}: may run old code" in text.out, text
+
+
+def test_secret_looking_values_are_masked_on_the_node():
+    from snapver.transport.agent import mask_command
+
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "sk-1", "--tokenizer-path", "/t", "HF_TOKEN=hf_2",
+            "--password=pw3", "--auth-token", "tok4", "--model-path", "/m", "MY_SECRET=s5", "--key", "k"]
+    assert mask_command(argv) == ("python -m sglang.launch_server --api-key *** --tokenizer-path /t HF_TOKEN=*** "
+                                  "--password=*** --auth-token *** --model-path /m MY_SECRET=*** --key k")
+
+
+def records(store: Path, node: str) -> list[dict]:
+    """The push records of a node, newest first (their snapver-meta), read with git."""
+    out = subprocess.run(["git", "--git-dir", str(store), "log", "--format=%B%x00", f"refs/heads/pushes/{node}"],
+                         capture_output=True, check=True, text=True).stdout
+    return [json.loads(line[len("snapver-meta: "):]) for body in out.split("\0")
+            for line in body.splitlines() if line.startswith("snapver-meta: ")]
+
+
+def test_restart_and_health_url_from_the_config(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 5}
+
+    nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
+    node, port = nodes["ct200"], ports["ct200"]
+    old_pid = node.start(port)
+    # A restart that leaves a process holding its output open (`cmd &`, no redirection) ends
+    # when its shell does, not when that process does.
+    began = time.monotonic()
+    result = run_snapver("push", "bump", "--yes", "--restart",
+                         f"{node.restart_command(port)}; echo restarting; (setsid sleep 30 &)")
+    assert result.code == 0, result
+    assert time.monotonic() - began < 20
+    assert (f"ct200: restarted, http://127.0.0.1:{port}/health answered 200: healthy" in result.out), result
+    assert "runs code older" not in result.out  # the restart ran the new code
+    assert health(port) == "value 2"
+    new_pid = int((node.root / "server.pid").read_text())
+    assert new_pid != old_pid
+    found = ps_json(run_snapver, "ct200")["ct200"]
+    assert [(p["pid"], p["restart_needed"]) for p in found["processes"]] == [(new_pid, False)], found
+    assert records(store, "ct200")[0]["hooks"]["ct200"]["health_url"] == f"http://127.0.0.1:{port}/health"
+
+    # rollback restarts too: the server runs the restored code
+    result = run_snapver("rollback", "ct200", "--yes")
+    assert result.code == 0, result
+    assert f"ct200: restarted, http://127.0.0.1:{port}/health answered 200: healthy" in result.out, result
+    assert health(port) == "value 1"
+
+
+def test_a_patch_that_breaks_the_import_fails_health_and_is_rolled_back_and_restarted(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 3}
+
+    nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
+    node, port = nodes["ct200"], ports["ct200"]
+    node.start(port)
+    original = tree_hashes(node.site)
+    result = run_snapver("push", "breaks", "--yes")
+    assert result.code == 3, result
+    assert (f"ct200: rolled back: ct200: health URL http://127.0.0.1:{port}/health not healthy within 3 s: "
+            "Connection refused" in result.err), result
+    assert f"ct200: on the restored code: restarted, http://127.0.0.1:{port}/health answered 200: healthy" \
+        in result.err, result
+    assert "ImportError: broken" in (node.root / f"server-{port}.log").read_text()  # the restart met the break
+    assert tree_hashes(node.site) == original
+    assert health(port) == "value 1"
+    record = records(store, "ct200")[0]
+    assert record["state"] == "rolled-back" and "not healthy" in record["error"]
+
+
+NEVER_ANSWERS = "never-answers"
+
+
+@pytest.mark.parametrize("case", ["restart exits 7", "restart hangs", "restart kills the session",
+                                  "health URL 500", "health URL refused", "health URL never answers"])
+def test_bad_hooks_roll_the_node_back(case, venv_nodes, run_snapver):
+    nodes, _, store = venv_nodes(["ct200"])
+    node = nodes["ct200"]
+    port = free_port()
+    node.start(port)
+    original = tree_hashes(node.site)
+    good_restart, good_url = node.restart_command(port), f"http://127.0.0.1:{port}/health"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections (the kernel does) and never answers
+    restart, url, expected = {
+        "restart exits 7": ("echo failing >&2; exit 7", good_url, "restart failed (exit 7): failing"),
+        "restart hangs": ("sleep 30", good_url, "restart failed (timed out after 1 s)"),
+        "restart kills the session": ("kill -9 $PPID", good_url, "ct200: rolled back: "),
+        "health URL 500": (good_restart, f"http://127.0.0.1:{port}/fail", "answered 500 Internal Server Error"),
+        "health URL refused": (good_restart, f"http://127.0.0.1:{free_port()}/health", "Connection refused"),
+        "health URL never answers": (good_restart, f"http://127.0.0.1:{silent.getsockname()[1]}/health",
+                                     "no answer within"),
+    }[case]
+    began = time.monotonic()
+    with silent:
+        result = run_snapver("push", "bump", "--yes", "--restart", restart, "--health-url", url,
+                             "--health-timeout", "1")
+    assert time.monotonic() - began < 40
+    assert result.code == 3, result
+    assert expected in result.err and "Traceback" not in result.err, result
+    assert tree_hashes(node.site) == original  # rolled back, nothing half-written
+    assert records(store, "ct200")[0]["state"] == "rolled-back"
+    if restart == good_restart:
+        # The restart ran the patched code, so it runs again on the restored code; the URL
+        # still fails, and that is said too.
+        assert "ct200: restart on the restored code failed" in result.err, result
+        assert wait_health(port) == "value 1"
+    else:
+        assert "ct200: restart on the restored code failed" in result.err, result
+        assert wait_health(port) == "value 1"  # the server started before the push was never stopped
+
+
+def test_hook_settings_are_validated(venv_nodes, run_snapver, write_config, ssh_node, tmp_path):
+    venv_nodes(["ct200"])
+    result = run_snapver("push", "bump", "--yes", "--health-url", "ftp://127.0.0.1/health")
+    assert result.code == 2 and "--health-url: expected an http:// or https:// URL" in result.err, result
+    result = run_snapver("push", "bump", "--yes", "--restart", "  ")
+    assert result.code == 2 and "--restart: expected a shell command" in result.err, result
+    for key, value, message in [("health_url", "http://127.0.0.1:99999/x", "not a URL"),
+                                ("health_timeout", 0, "expected a positive number of seconds"),
+                                ("restart", "", "expected a shell command, got an empty string"),
+                                ("health", 3, "expected a shell command, got int 3")]:
+        config = write_config({"ct200": ssh_node("ct200", tmp_path, **{key: value})}, where=tmp_path / "bad.toml")
+        result = run_snapver("--config", config, "push", "bump", "--yes")
+        assert result.code == 2 and f"nodes.ct200.{key}: {message}" in result.err, (key, result)
+
+
+def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
+                "health_timeout": 3}
+
+    names = ["fleet00", "fleet01", "fleet02", "fleet03"]
+    nodes, _, store = venv_nodes(names, per_node=hooks)
+    pids = {name: nodes[name].start(ports[name]) for name in names}
+    original = {name: tree_hashes(nodes[name].site) for name in names}
+
+    result = run_snapver("push", "breaks", "--yes", "--waves", "1,100%")
+    assert result.code == 3, result
+    assert "wave 1: fleet00" in result.out and "wave 2" not in result.out, result
+    assert "push stopped after 0 of 2 wave(s) finished; not written: fleet01, fleet02, fleet03" in result.err
+    assert "fleet00: on the restored code: restarted" in result.err
+    for name in names:
+        assert tree_hashes(nodes[name].site) == original[name], name
+        assert wait_health(ports[name]) == "value 1"
+    for name in names[1:]:  # never written, never restarted
+        assert int((nodes[name].root / "server.pid").read_text()) == pids[name]
+    canary = records(store, "fleet00")[0]
+    assert (canary["state"], canary["wave"], canary["of_waves"], canary["waves"]) == ("rolled-back", 1, 2, "1,100%")
+    for name in names[1:]:
+        record = records(store, name)[0]
+        assert (record["state"], record["waves_finished"], record["push_id"]) == ("cancelled", 0, canary["push_id"])
+    status = run_snapver("status", "fleet01")
+    assert "fleet01: last push breaks cancelled" in status.out and "stopped after 0 of 2 wave(s)" in status.out
+
+    began = time.monotonic()
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,100%", "--pause", "1")
+    assert result.code == 0, result
+    assert time.monotonic() - began >= 1 and "waiting 1 s before wave 2" in result.out
+    assert "wave 1: fleet00" in result.out and "wave 2: fleet01, fleet02, fleet03" in result.out
+    assert "all 2 wave(s) finished" in result.out
+    for name in names:
+        assert health(ports[name]) == "value 2"
+        assert records(store, name)[0]["state"] == "done"
+
+
+def test_a_failed_second_wave_keeps_or_rolls_back_the_first(venv_nodes, run_snapver):
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        path = "/fail" if node.root.name == "fleet01" else "/health"  # the second wave's node never gets healthy
+        return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}{path}",
+                "health_timeout": 2}
+
+    names = ["fleet00", "fleet01", "fleet02"]
+    nodes, _, store = venv_nodes(names, per_node=hooks)
+    for name in names:
+        nodes[name].start(ports[name])
+    original = {name: tree_hashes(nodes[name].site) for name in names}
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%")
+    assert result.code == 3, result
+    assert "push stopped after 1 of 3 wave(s) finished; not written: fleet02" in result.err, result
+    assert health(ports["fleet00"]) == "value 2"  # the finished canary wave stays patched
+    assert (records(store, "fleet00")[0]["state"], records(store, "fleet01")[0]["state"]) == ("done", "rolled-back")
+    assert tree_hashes(nodes["fleet01"].site) == original["fleet01"]
+    assert tree_hashes(nodes["fleet02"].site) == original["fleet02"]
+    assert run_snapver("rollback", "fleet00", "--yes").code == 0
+    assert health(ports["fleet00"]) == "value 1"
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%", "--rollback-all")
+    assert result.code == 3, result
+    assert "fleet00: --rollback-all:" in result.err, result
+    for name in names:
+        assert tree_hashes(nodes[name].site) == original[name], name
+    assert wait_health(ports["fleet00"]) == "value 1"  # restarted on the restored code
+    assert records(store, "fleet00")[0]["action"] == "rollback"
+    assert run_snapver("push", "bump", "--yes", "--rollback-all").code == 2
+
+
+@pytest.mark.parametrize("spec", ["0", "150%", "a,b", "", "2,1"])
+def test_bad_wave_specs_exit_2_with_nothing_written(spec, venv_nodes, run_snapver):
+    nodes, _, store = venv_nodes(["ct200", "ct129"])
+    before = {name: tree_hashes(node.site) for name, node in nodes.items()}
+    result = run_snapver("push", "bump", "--yes", "--waves", spec)
+    assert result.code == 2 and result.err.startswith("snapver: error: --waves: "), result
+    assert {name: tree_hashes(node.site) for name, node in nodes.items()} == before
+    no_record = subprocess.run(["git", "--git-dir", str(store), "show-ref", "--verify", "-q", "refs/heads/pushes/ct200"])
+    assert no_record.returncode != 0  # no push record: nothing was started
