@@ -87,6 +87,7 @@ class Globals:
     config_path: Optional[str] = None
     verbose: bool = False
     color: bool = True
+    no_pager: bool = False
 
     def config(self) -> "Config":
         from snapver.config import load_config
@@ -108,12 +109,18 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+# Commands whose output goes through a pager on a terminal when longer than the screen.
+PAGED_COMMANDS = frozenset({"diff", "log", "show", "status"})
+
+
 @app.callback()
 def main_options(
+    ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
                                           "else .snapver here or in a parent).", show_default=False),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
+    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: [ui] pager = false)."),
     version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
@@ -121,6 +128,12 @@ def main_options(
     STATE.config_path = str(config) if config else None
     STATE.verbose = verbose or os.environ.get("SNAPVER_DEBUG") == "1"
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
+    STATE.no_pager = no_pager
+    if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:
+        from snapver.cli.render import hold_for_pager, release_to_pager
+
+        hold_for_pager(no_pager)
+        ctx.call_on_close(release_to_pager)
 
 
 PATHS_KEY = "snapver.paths"

@@ -6,6 +6,7 @@ without importing rich (~30 ms of start-up), and hands rich whatever it is unsur
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -24,6 +25,8 @@ PLAIN_WIDTH = 400
 def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     """A console for stdout or stderr; off a terminal, lines are never wrapped or cut."""
     stream = sys.stderr if stderr else sys.stdout
+    if not stderr and isinstance(stream, HeldOutput):  # a terminal's output, held for the pager
+        return rich_console(False, stream.columns, not STATE.color, force_terminal=True)
     if stream.isatty():
         return rich_console(stderr, None, not STATE.color)
     if _rich_may_colour():
@@ -31,10 +34,12 @@ def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     return PlainConsole(stderr, not STATE.color)
 
 
-def rich_console(stderr: bool, width: Optional[int], no_color: bool) -> Console:
+def rich_console(stderr: bool, width: Optional[int], no_color: bool,
+                 force_terminal: Optional[bool] = None) -> Console:
     from rich.console import Console
 
-    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width)
+    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
+                   force_terminal=force_terminal)
 
 
 def _rich_may_colour() -> bool:
@@ -165,7 +170,9 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Option
 
 
 def emit_json(document: Any) -> None:
-    """One JSON document on stdout."""
+    """One JSON document on stdout (never through a pager)."""
+    if isinstance(sys.stdout, HeldOutput):
+        sys.stdout.unpaged = True
     sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
@@ -205,3 +212,126 @@ def print_error(error: Any) -> None:
     err.print(f"snapver: error: {escape(error.message)}")
     if error.hint:
         err.print(f"hint: {escape(error.hint)}")
+
+
+# -- the pager -------------------------------------------------------------------------------
+#
+# As git: on a terminal, output longer than the screen goes through $SNAPVER_PAGER, else
+# the config's [ui] pager command, else $PAGER, else `less -FRX`. The output is held in
+# memory while the command runs (these commands print once their work is done), so that
+# a screenful or less is printed as it is and never starts a pager.
+
+DEFAULT_PAGER = "less -FRX"
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+class HeldOutput(io.TextIOWrapper):
+    """stdout while a command runs on a terminal: kept in memory, a terminal to whoever asks."""
+
+    def __init__(self, terminal: Any, columns: int, rows: int) -> None:
+        super().__init__(io.BytesIO(), encoding=terminal.encoding, errors=terminal.errors, write_through=True)
+        self.terminal = terminal
+        self.columns = columns
+        self.rows = rows
+        self.unpaged = False  # set by emit_json: a JSON document is never paged
+
+    def isatty(self) -> bool:
+        return True
+
+    def held(self) -> bytes:
+        self.flush()
+        return self.buffer.getvalue()  # type: ignore[attr-defined]
+
+
+def hold_for_pager(no_pager: bool) -> None:
+    """From now until `release_to_pager`, hold stdout when it is a terminal (the pager may get it)."""
+    import shutil
+
+    if no_pager or not sys.stdout.isatty() or isinstance(sys.stdout, HeldOutput):
+        return
+    size = shutil.get_terminal_size()
+    sys.stdout.flush()
+    sys.stdout = HeldOutput(sys.stdout, size.columns, size.lines)
+
+
+def screen_lines(text: bytes, columns: int) -> int:
+    """How many terminal lines ``text`` fills at ``columns`` wide (colour codes take none)."""
+    count = 0
+    for line in _ANSI.sub(b"", text).decode("utf-8", "replace").split("\n"):
+        count += max(1, -(-len(line.expandtabs()) // max(columns, 1)))
+    return count - (1 if text.endswith(b"\n") else 0)
+
+
+def pager_command(config_pager: Union[bool, str, None]) -> Optional[str]:
+    """The pager to run, as git picks it, or None: none wanted (`cat` or empty is none)."""
+    if config_pager is False:
+        return None
+    command = os.environ.get("SNAPVER_PAGER")
+    if command is None and isinstance(config_pager, str):
+        command = config_pager
+    if command is None:
+        command = os.environ.get("PAGER")
+    if command is None:
+        command = DEFAULT_PAGER
+    return None if command.strip() in ("", "cat") else command
+
+
+def release_to_pager() -> None:
+    """Give back stdout; what was held goes to the terminal, or through the pager when it is
+    longer than the screen (and not JSON, and the pager is not turned off)."""
+    held = sys.stdout
+    if not isinstance(held, HeldOutput):
+        return
+    sys.stdout = held.terminal
+    data = held.held()
+    if not data:
+        return
+    from snapver import interrupt
+
+    command = None
+    if not held.unpaged and not interrupt.requested() and screen_lines(data, held.columns) >= held.rows:
+        command = pager_command(_configured_pager())
+    if command is None or not _run_pager(command, data):
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+def _configured_pager() -> Union[bool, str, None]:
+    """`[ui] pager` of the config, or None (unset, or no config to read)."""
+    from snapver.errors import SnapverError
+
+    try:
+        return STATE.config().pager
+    except SnapverError:  # the command has already said what is wrong with the config
+        return None
+
+
+def _run_pager(command: str, data: bytes) -> bool:
+    """Feed ``data`` to ``command`` (a shell command, as git runs it) and wait for it; False
+    when it could not start (the output is then printed as it is)."""
+    import signal
+    import subprocess
+
+    env = dict(os.environ)
+    env.setdefault("LESS", "FRX")  # as git: raw colours, quit when it fits, keep the screen
+    env.setdefault("LV", "-c")
+    try:
+        pager = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env)
+    except OSError:
+        return False
+    # Ctrl-C belongs to the pager now (less uses it to stop a search): we wait for it to end.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert pager.stdin is not None
+        try:
+            pager.stdin.write(data)
+            pager.stdin.close()
+        except BrokenPipeError:  # the reader quit before the end (q in less): fine
+            pass
+        code = pager.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if code == 127:  # the shell did not find the pager
+        print(f"snapver: pager {command!r} not found; printing without it", file=sys.stderr)
+        return False
+    return True
