@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -27,7 +27,8 @@ COMMANDS = {
     "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
 }
 # Modules of snapver/cli/ that register no command.
-NOT_COMMANDS = {"app", "render", "options"}
+NOT_COMMANDS = {"app", "render", "options", "completion"}
+COMPLETE_VAR = "_SNAPVER_COMPLETE"  # set by the shell's completion script: complete, do nothing else
 
 
 def load_commands(module: str | None = None) -> None:
@@ -55,12 +56,24 @@ class LazyGroup(TyperGroup):
             if cmd_name in COMMANDS and cmd_name not in self.commands:  # the table is stale
                 load_commands()
                 self._refresh()
-        return self.commands.get(cmd_name)
+        command = self.commands.get(cmd_name)
+        if command is not None and os.environ.get(COMPLETE_VAR):  # completing: name what may come
+            from snapver.cli.completion import attach
+
+            attach(command)
+        return command
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         load_commands()
         self._refresh()
         return list(self.commands)
+
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: Optional[str] = None) -> None:
+        if os.environ.get(COMPLETE_VAR):  # typer's bash/zsh/fish classes, registered only now
+            from snapver.cli.completion import init_completion
+
+            init_completion()
+        super()._main_shell_completion(ctx_args, prog_name, complete_var)
 
     def _refresh(self) -> None:
         """Build what is registered by now, listed in the order of COMMANDS (not of import)."""
@@ -113,6 +126,22 @@ def _version(value: bool) -> None:
 PAGED_COMMANDS = frozenset({"diff", "log", "show", "status"})
 
 
+def _show_completion(value: bool) -> None:
+    if value:
+        from snapver.cli.completion import show
+
+        show()
+        raise typer.Exit(0)
+
+
+def _install_completion(value: bool) -> None:
+    if value:
+        from snapver.cli.completion import install
+
+        install()
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main_options(
     ctx: typer.Context,
@@ -120,9 +149,13 @@ def main_options(
                                           "else .snapver here or in a parent).", show_default=False),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
-    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: [ui] pager = false)."),
+    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."),
     version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    show_completion: bool = typer.Option(False, "--show-completion", callback=_show_completion, is_eager=True,
+                                         help="Print the completion script of your shell (bash, zsh, fish)."),
+    install_completion: bool = typer.Option(False, "--install-completion", callback=_install_completion,
+                                            is_eager=True, help="Install completion for your shell (bash, zsh, fish)."),
 ) -> None:
     """snapver: know, compare and patch the code deployed on your nodes."""
     STATE.config_path = str(config) if config else None
