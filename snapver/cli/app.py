@@ -19,12 +19,12 @@ if TYPE_CHECKING:
     from snapver.store.repo import Store
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
-# them. Running a command imports its module only; `--help` (and an unknown name) imports
+# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "diff": "diff", "import": "importdir", "pull": "pull", "push": "push", "rollback": "push", "status": "status",
-    "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
-    "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
+    "init": "store_cmds", "nodes": "store_cmds", "pull": "pull", "log": "store_cmds", "show": "store_cmds",
+    "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
+    "rollback": "push", "import": "importdir", "fsck": "store_cmds",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "render", "options", "completion"}
@@ -57,6 +57,8 @@ class LazyGroup(TyperGroup):
                 load_commands()
                 self._refresh()
         command = self.commands.get(cmd_name)
+        if command is not None:
+            _one_usage_style(command)
         if command is not None and os.environ.get(COMPLETE_VAR):  # completing: name what may come
             from snapver.cli.completion import attach
 
@@ -80,6 +82,21 @@ class LazyGroup(TyperGroup):
         built = typer.main.get_command(app).commands  # type: ignore[attr-defined]
         order = [name for name in COMMANDS if name in built] + [name for name in built if name not in COMMANDS]
         self.commands = {name: built[name] for name in order}
+
+
+def _one_usage_style(command: Any) -> None:
+    """Have ``command`` (and a group's subcommands) write its usage as SnapverCommand does.
+
+    typer builds every command as a TyperCommand; the class is swapped here, once for all,
+    rather than named in each of the modules that register commands.
+    """
+    if type(command) is TyperCommand:
+        command.__class__ = SnapverCommand
+    for param in command.params:  # the arguments table spells them as the usage line does
+        if param.param_type_name == "argument" and param.metavar is None:
+            param.metavar = (param.name or "").upper()
+    for sub in getattr(command, "commands", {}).values():
+        _one_usage_style(sub)
 
 
 app = typer.Typer(
@@ -172,7 +189,29 @@ def main_options(
 PATHS_KEY = "snapver.paths"
 
 
-class PathsAfterDashes(TyperCommand):
+def usage_metavar(param: Any) -> str:
+    """An argument as every usage line spells it: NAME required, [NAME] optional, ... repeated
+    (``REF``, ``[PATH]``, ``[NODE|GROUP]...``); a metavar holding brackets or a space is kept."""
+    name = param.metavar or (param.name or "").upper()
+    if "[" in name or " " in name:
+        return name
+    if param.nargs != 1 and not name.endswith("..."):
+        name += "..."
+    return name if param.required else f"[{name}]"
+
+
+class SnapverCommand(TyperCommand):
+    """A command whose usage line spells its arguments one way (see `usage_metavar`)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                pieces.append(usage_metavar(param))
+        return pieces
+
+
+class PathsAfterDashes(SnapverCommand):
     """A command whose words after ``--`` are paths, kept apart in ``ctx.meta[PATHS_KEY]``
     (so that refs or nodes and paths never mix); ``usage`` is what its help shows."""
 

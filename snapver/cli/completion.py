@@ -141,6 +141,8 @@ COMPLETERS: dict[tuple[Optional[str], str], Callable[[Any, str], list[str]]] = {
     (None, "refs"): ref_names,
     (None, "against"): ref_names,
     (None, "base"): ref_names,
+    (None, "onto"): ref_names,
+    (None, "to"): ref_names,
     (None, "patch"): patch_names,
     ("tag", "name"): tag_names,
     **{(command, "name"): patch_names for command in ("save", "show", "export", "rebase", "delete")},

@@ -19,7 +19,13 @@ def pull(
     message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Snapshot live nodes; only changed content crosses the wire."""
+    """Snapshot live nodes; only changed content crosses the wire.
+
+    Examples:
+      snapver pull ct200
+      snapver pull tp8 -m "before the attention fix"
+      snapver pull --all
+    """
     from snapver.errors import RefError, UsageError
     from snapver.ops.pull import NodePull, pull as pull_nodes
     from snapver.store.refs import check_name, tag_ref

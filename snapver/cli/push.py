@@ -91,7 +91,12 @@ def push(
     health_timeout: float = typer.Option(300.0, "--health-timeout", min=1, help="Seconds CMD may take."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
+    """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written.
+
+    Examples:
+      snapver push fix-attn ct200 --dry-run
+      snapver push fix-attn tp8 --health "python -c 'import sglang'"
+    """
     from snapver.ops.push import apply_push, plan_push
 
     config = STATE.config()
@@ -144,8 +149,15 @@ def rollback(
     force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Undo the last push on a node (only the files it wrote, each only while it still holds
-    what the push wrote), or restore its tree exactly to a snapshot with --to."""
+    """Undo the last push on a node, or restore its tree exactly to a snapshot with --to.
+
+    Undoing writes back only the files the push wrote, each only while it still holds what
+    the push wrote.
+
+    Examples:
+      snapver rollback ct200            # undo the last push on ct200
+      snapver rollback ct200 --to may22
+    """
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     config = STATE.config()

@@ -16,7 +16,12 @@ from snapver.cli.render import console, emit_json, escape, human_bytes, print_ta
 def init(
     local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
 ) -> int:
-    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local."""
+    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
+
+    Examples:
+      snapver init            # then add your nodes to .snapver
+      snapver init --local    # this machine's site-packages as node `local`
+    """
     from snapver.ops.init import init as run_init
 
     result = run_init(Path.cwd(), local=local)
@@ -35,7 +40,12 @@ def nodes(
     check: bool = typer.Option(False, "--check", help="Connect and report python, site-packages, version."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """List nodes and groups; --check connects to each."""
+    """List nodes and groups; --check connects to each.
+
+    Examples:
+      snapver nodes
+      snapver nodes --check   # connect: python, site-packages, version
+    """
     from snapver.ops.nodes import list_nodes
 
     config = STATE.config()
@@ -70,8 +80,15 @@ def log(
     oneline: bool = typer.Option(False, "--oneline", help="One short line per snapshot: id, date, node, event."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Snapshots, newest first: id, date, node, what made it (pull, push NAME, rollback,
-    import), files changed, tags, version, message."""
+    """Snapshots, newest first: id, date, node, what made it, files changed, tags, version.
+
+    What made it: pull, push NAME, rollback or import; the message follows.
+
+    Examples:
+      snapver log
+      snapver log ct200 -n 5
+      snapver log --since may22 --oneline
+    """
     from snapver.ops.log import log as read_log
     from snapver.ops.log import parse_since
 
@@ -106,7 +123,13 @@ def show(
     path: Optional[str] = typer.Argument(None, help="A file, relative to site-packages."),
     json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
 ) -> int:
-    """A snapshot's metadata, or one file's content in it."""
+    """A snapshot's metadata, or one file's content in it.
+
+    Examples:
+      snapver show ct200      # its newest snapshot, and what it changed
+      snapver show may22 sglang/srt/server_args.py
+      snapver show ct200~1 --json
+    """
     from snapver.ops.log import show as run_show
 
     config = STATE.config()
@@ -152,7 +175,11 @@ def show(
 
 @app.command()
 def fsck() -> int:
-    """Verify the store: every object, every manifest hash."""
+    """Verify the store: every object, every manifest hash.
+
+    Examples:
+      snapver fsck
+    """
     from snapver.errors import StoreError
     from snapver.ops.fsck import fsck as run_fsck
 
