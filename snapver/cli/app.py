@@ -84,6 +84,23 @@ class LazyGroup(TyperGroup):
         self.commands = {name: built[name] for name in order}
 
 
+# Commands that print a table or fields that give way on a narrow terminal ("list": patch list).
+WIDE_COMMANDS = frozenset({"nodes", "log", "status", "list"})
+
+
+def _set_wide(ctx: typer.Context, param: Any, value: bool) -> bool:
+    STATE.wide = STATE.wide or bool(value)
+    return value
+
+
+def _wide_option() -> Any:
+    """`-w/--wide`, for each of WIDE_COMMANDS (added here, so that their modules need not)."""
+    from typer.core import TyperOption
+
+    return TyperOption(param_decls=["wide", "-w", "--wide"], is_flag=True, default=False, expose_value=False,
+                       callback=_set_wide, help="Every cell whole: nothing elided or wrapped to fit the terminal.")
+
+
 def _one_usage_style(command: Any) -> None:
     """Have ``command`` (and a group's subcommands) write its usage as SnapverCommand does.
 
@@ -92,6 +109,9 @@ def _one_usage_style(command: Any) -> None:
     """
     if type(command) is TyperCommand:
         command.__class__ = SnapverCommand
+    if command.name in WIDE_COMMANDS and not any(param.name == "wide" for param in command.params):
+        command.params.insert(-1 if command.params and command.params[-1].name == "help" else len(command.params),
+                              _wide_option())
     for param in command.params:  # the arguments table spells them as the usage line does
         if param.param_type_name == "argument" and param.metavar is None:
             param.metavar = (param.name or "").upper()
@@ -118,6 +138,7 @@ class Globals:
     verbose: bool = False
     color: bool = True
     no_pager: bool = False
+    wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
 
     def config(self) -> "Config":
         from snapver.config import load_config

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, show_path
 
 patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
                         context_settings={"help_option_names": ["-h", "--help"]})
@@ -167,9 +167,10 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
         out.print("no patches yet (make one with `snapver patch new`, `import` or `capture`)")
     for p in patches:
         nodes = ", ".join(p.nodes) or "-"
-        out.print(f"[bold]{escape(p.name)}[/bold]  {p.commit[:10]}  {int(p.meta.get('files', 0))} file(s)  "
-                  f"base {p.base[:10]} ({escape(p.base_node)})  nodes {escape(nodes)}  {p.time:%Y-%m-%d %H:%M}"
-                  + (f"  {escape(p.message.splitlines()[0])}" if p.message else ""))
+        out.print(fields_line(out, [f"[bold]{escape(p.name)}[/bold]", p.commit[:10],
+                                    f"{int(p.meta.get('files', 0))} file(s)", f"base {p.base[:10]} ({escape(p.base_node)})",
+                                    f"nodes {escape(nodes)}", f"{p.time:%Y-%m-%d %H:%M}",
+                                    *([escape(p.message.splitlines()[0])] if p.message else [])]))
     return 0
 
 

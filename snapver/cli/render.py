@@ -134,20 +134,103 @@ def plain_text(markup: object) -> Optional[str]:
     return markup
 
 
+# How a table column gives way when a terminal is too narrow for it (the others wrap at spaces):
+# KEEP columns are never cut or wrapped (what tells nodes, snapshots and dates apart),
+# PATH columns lose the middle of their cells (`/root/venv…/site-packages`).
+KEEP_COLUMNS = frozenset({"node", "address", "reachable", "snapshot", "date", "id", "patch"})
+PATH_COLUMNS = frozenset({"site-packages", "python"})
+MIN_PATH = 10  # a path column keeps at least this many characters
+
+
 def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it."""
+    """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it.
+
+    On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
+    every cell is whole, lines as long as they need.
+    """
     text = plain_table(columns, rows) if isinstance(out, PlainConsole) else None
     if text is not None:
         out.write(text)
         return
     from rich.table import Table
+    from rich.text import Text
 
+    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows)]
+    widths = [max(len(cell) for cell in column) for column in plain]
+    needed = sum(widths) + 2 * (len(widths) - 1)
+    if STATE.wide and out.is_terminal and needed > out.width:
+        out = rich_console(False, needed, out.no_color, force_terminal=True)
+    # The narrowest each column may be: KEEP whole, PATH down to MIN_PATH, the others to
+    # their longest word (they wrap at spaces, never inside a word).
+    least = [width if column in KEEP_COLUMNS else min(width, MIN_PATH) if column in PATH_COLUMNS
+             else max(len(word) for cell in cells for word in (cell.split() or [""]))
+             for column, width, cells in zip(columns, widths, plain)]
+    if out.is_terminal and not STATE.wide and needed > out.width:
+        rows = _elide_paths(columns, rows, widths, least, needed - out.width)
     table = Table(box=None, pad_edge=False)
-    for column in columns:
-        table.add_column(column)
+    for column, narrowest in zip(columns, least):
+        table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
         table.add_row(*row)
     out.print(table)
+
+
+def _elide_paths(columns: tuple[str, ...], rows: list[tuple[str, ...]], widths: list[int], least: list[int],
+                 excess: int) -> list[tuple[str, ...]]:
+    """``rows`` with the cells of PATH_COLUMNS cut in the middle so that the table fits:
+    the wrapping columns give way first (down to their longest word), then the paths, the
+    widest first, down to MIN_PATH."""
+    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least)
+                   if column not in KEEP_COLUMNS and column not in PATH_COLUMNS)
+    excess -= wrapping
+    limits = list(widths)
+    paths = [index for index, column in enumerate(columns) if column in PATH_COLUMNS]
+    while excess > 0 and paths:
+        widest = max(paths, key=lambda index: limits[index] - least[index])
+        if limits[widest] <= least[widest]:
+            break
+        limits[widest] -= 1
+        excess -= 1
+    if limits == widths:
+        return rows
+    return [tuple(elide_middle(cell, limits[index]) if index in paths else cell for index, cell in enumerate(row))
+            for row in rows]
+
+
+def elide_middle(markup: str, width: int) -> str:
+    """A one-line markup cell cut to ``width`` columns by its middle (``/root/ve…/site-packages``):
+    both ends of a path say the most. Plain text results (styles dropped)."""
+    from rich.text import Text
+
+    plain = Text.from_markup(markup).plain
+    if len(plain) <= width:
+        return markup
+    keep = width - 1
+    head = keep // 2
+    return escape(plain[:head] + "…" + plain[len(plain) - (keep - head):])
+
+
+def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator: str = "  ",
+                indent: int = 4) -> str:
+    """Markup ``fields`` joined by ``separator`` on one line; on a terminal too narrow for it
+    (and without `-w/--wide`), broken between fields, never inside one (a date stays whole),
+    the next lines indented."""
+    if not out.is_terminal or STATE.wide:
+        return separator.join(fields)
+    from rich.text import Text
+
+    lines: list[str] = []
+    current, used = "", 0
+    for field in fields:
+        length = Text.from_markup(field).cell_len
+        if current and used + len(separator) + length > out.width:
+            lines.append(current)
+            current, used = " " * indent + field, indent + length
+        else:
+            current = f"{current}{separator}{field}" if current else field
+            used += (len(separator) if used else 0) + length
+    lines.append(current)
+    return "\n".join(lines)
 
 
 def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Optional[str]:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, human_bytes, print_table, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, human_bytes, print_table, show_path
 
 
 @app.command()
@@ -56,7 +56,7 @@ def nodes(
                    "groups": {name: list(members) for name, members in config.groups.items()},
                    "exit_code": code})
         return code
-    columns = ("node", "address") + (("reachable", "python", "site-packages", "distribution")
+    columns = ("node", "address") + (("reachable", "python", "site-packages", "version")
                                       if check else ("site-packages",))
     rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
              escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists)) if check else
@@ -107,13 +107,14 @@ def log(
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
         event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
+        note = [show_path(s.message)] if s.message else []
         if oneline:
-            note = f" {show_path(s.message)}" if s.message else ""
-            out.print(f"[bold]{s.id[:10]}[/bold] {s.time:%Y-%m-%d %H:%M} {escape(s.node)} {event}{tags}{note}")
+            out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}", escape(s.node),
+                                        f"{event}{tags}", *note], separator=" "))
             continue
-        note = f"  {show_path(s.message)}" if s.message else ""
-        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} {event}  "
-                  f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
+        out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}",
+                                    f"{escape(s.node):<10} {event}", f"{s.files} files, {s.changed} changed",
+                                    f"{escape(', '.join(s.dists)) or '-'}{tags}", *note]))
     return 0
 
 
