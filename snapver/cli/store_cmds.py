@@ -15,6 +15,7 @@ from snapver.cli.render import console, emit_json, escape, fields_line, human_by
 @app.command()
 def init(
     local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
 
@@ -25,6 +26,10 @@ def init(
     from snapver.ops.init import init as run_init
 
     result = run_init(Path.cwd(), local=local)
+    if json_out:
+        emit_json({"config": str(result.config_path), "config_created": result.config_created,
+                   "store": str(result.store_path), "local": local})
+        return 0
     out = console()
     if result.config_created:
         out.print(f"wrote {escape(str(result.config_path))} "
@@ -175,11 +180,12 @@ def show(
 
 
 @app.command()
-def fsck() -> int:
+def fsck(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
     """Verify the store: every object, every manifest hash.
 
     Examples:
       snapver fsck
+      snapver fsck --json
     """
     from snapver.errors import StoreError
     from snapver.ops.fsck import fsck as run_fsck
@@ -187,10 +193,29 @@ def fsck() -> int:
     config = STATE.config()
     store = STATE.store(config)
     result = run_fsck(store)
-    out = console()
+    if json_out:
+        emit_json({**result.to_json(), "exit_code": 0 if result.ok else StoreError.exit_code})
     for problem in result.problems:
         console(stderr=True).print(f"[red]problem[/red]: {escape(problem)}")
     if not result.ok:
         raise StoreError(f"the store has {len(result.problems)} problem(s)", hint="see the lines above")
-    out.print(f"store ok: {result.commits} snapshots, {result.blobs} blobs verified")
+    if not json_out:
+        console().print(f"store ok: {fsck_counts(result)} verified")
     return 0
+
+
+def fsck_counts(result: "object") -> str:
+    """What fsck checked, each number named: ``9 snapshots (as log lists them), 3 patch
+    commits, 2 push records, 1204 blobs``."""
+    kinds = result.kinds  # type: ignore[attr-defined]
+
+    def count(number: int, what: str) -> str:
+        return f"{number} {what}{'' if number == 1 else 's'}"
+
+    parts = [count(kinds.get("snapshot", 0), "snapshot") + " (as log lists them)"]
+    if kinds.get("patch"):
+        parts.append(count(kinds["patch"], "patch commit"))
+    if kinds.get("push"):
+        parts.append(count(kinds["push"], "push record"))
+    parts.append(count(result.blobs, "blob"))  # type: ignore[attr-defined]
+    return ", ".join(parts)
