@@ -44,10 +44,11 @@ def terminal_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[str, str] | None = None,
                     cwd: Path | None = None, interrupt_after: float | None = None,
-                    timeout: float = 120) -> Screen:
+                    interrupt_on: bytes | None = None, timeout: float = 120) -> Screen:
     """``python -m snapver ARGS`` with stdin, stdout and stderr on a new pty of ``columns`` x ``rows``.
 
-    ``interrupt_after``: seconds after which Ctrl-C is typed (SIGINT to the foreground group).
+    ``interrupt_after``: seconds after which Ctrl-C is typed (SIGINT to the process group);
+    ``interrupt_on``: typed as soon as these bytes have been written to the terminal.
     """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
@@ -56,11 +57,12 @@ def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[
     os.close(slave)
     output = bytearray()
     deadline = time.monotonic() + timeout
-    sent = interrupt_after is None
+    sent = interrupt_after is None and interrupt_on is None
     started = time.monotonic()
     try:
         while time.monotonic() < deadline:
-            if not sent and time.monotonic() - started >= interrupt_after:
+            if not sent and ((interrupt_after is not None and time.monotonic() - started >= interrupt_after)
+                             or (interrupt_on is not None and interrupt_on in output)):
                 os.killpg(process.pid, signal.SIGINT)
                 sent = True
             ready, _, _ = select.select([master], [], [], 0.05)
