@@ -44,11 +44,12 @@ def terminal_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[str, str] | None = None,
                     cwd: Path | None = None, interrupt_after: float | None = None,
-                    interrupt_on: bytes | None = None, timeout: float = 120) -> Screen:
+                    interrupt_on: bytes | None = None, settle: float = 0.0, timeout: float = 120) -> Screen:
     """``python -m snapver ARGS`` with stdin, stdout and stderr on a new pty of ``columns`` x ``rows``.
 
     ``interrupt_after``: seconds after which Ctrl-C is typed (SIGINT to the process group);
-    ``interrupt_on``: typed as soon as these bytes have been written to the terminal.
+    ``interrupt_on``: typed ``settle`` seconds after these bytes were written to the terminal
+    (a signal that comes before a program blocks reading the terminal waits for the next key).
     """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
@@ -59,10 +60,13 @@ def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[
     deadline = time.monotonic() + timeout
     sent = interrupt_after is None and interrupt_on is None
     started = time.monotonic()
+    seen: float | None = None
     try:
         while time.monotonic() < deadline:
+            if seen is None and interrupt_on is not None and interrupt_on in output:
+                seen = time.monotonic()
             if not sent and ((interrupt_after is not None and time.monotonic() - started >= interrupt_after)
-                             or (interrupt_on is not None and interrupt_on in output)):
+                             or (seen is not None and time.monotonic() - seen >= settle)):
                 os.killpg(process.pid, signal.SIGINT)
                 sent = True
             ready, _, _ = select.select([master], [], [], 0.05)

@@ -29,7 +29,7 @@ def test_ctrl_c_at_a_prompt_leaves_its_line(make_site_packages, write_config, lo
     folder = Path(run_snapver("patch", "new", "fix", "--base", "laptop").out.splitlines()[-1])
     (folder / SRT / "a.py").write_text("a = 2\n")
     assert run_snapver("patch", "save", "fix").code == 0
-    shown = run_in_terminal("push", "fix", "laptop", interrupt_on=b"[y/N]: ")
+    shown = run_in_terminal("push", "fix", "laptop", interrupt_on=b"[y/N]: ", settle=0.5)
     assert shown.code == 130, shown
     assert re.search(r"\[y/N\]: \nsnapver: interrupted\n$", shown.text), repr(shown.text[-200:])
     assert (site / SRT / "a.py").read_text() == "a = 1\n"  # nothing written
