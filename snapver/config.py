@@ -93,6 +93,8 @@ class Config:
     nodes: dict[str, NodeSpec] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     waves: str | None = None  # [defaults] waves: how a push rolls out when --waves is not given
+    # [ui] pager: True (the default: $SNAPVER_PAGER, $PAGER or less), False (never), or a command.
+    pager: bool | str = True
 
     def node(self, name: str) -> NodeSpec:
         """The node called ``name``; an unknown name is a usage error listing the known."""
@@ -181,7 +183,12 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     def fail(key: str, reason: str) -> ConfigError:
         return ConfigError(f"{path}: {key}: {reason}")
 
-    _check_keys(data, {"store", "defaults", "nodes", "groups"}, "", fail)
+    _check_keys(data, {"store", "defaults", "nodes", "groups", "ui"}, "", fail)
+    ui = _table(data, "ui", fail)
+    _check_keys(ui, {"pager"}, "ui.", fail)
+    pager = ui.get("pager", True)
+    if not isinstance(pager, (bool, str)):
+        raise fail("ui.pager", f"expected true, false or a command, got {type(pager).__name__} {pager!r}")
     store = _table(data, "store", fail)
     _check_keys(store, {"path"}, "store.", fail)
     store_value = store.get("path", "snapshots")
@@ -226,7 +233,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
         groups[name] = tuple(members)
-    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves)
+    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves, pager=pager)
 
 
 def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:

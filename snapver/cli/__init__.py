@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except Abort:  # click turns a KeyboardInterrupt into Abort
+    except Abort:  # click turns a KeyboardInterrupt (or end of input) at a prompt into Abort
+        if sys.stderr.isatty():  # the cursor is still on the prompt's line: leave it first
+            print(file=sys.stderr)
         print("snapver: interrupted" if interrupt.requested() else "snapver: aborted", file=sys.stderr)
         sys.exit(interrupt.exit_code())
     except ClickException as exc:  # a usage error: one line and a hint, as every other error

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     from snapver.store.repo import Store
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
-# them. Running a command imports its module only; `--help` (and an unknown name) imports
+# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "diff": "diff", "import": "importdir", "ps": "ps", "pull": "pull", "push": "push", "rollback": "push",
-    "status": "status", "init": "store_cmds", "nodes": "store_cmds", "log": "store_cmds", "show": "store_cmds",
-    "fsck": "store_cmds", "tag": "tag", "verify": "verify", "patch": "patch",
+    "init": "store_cmds", "nodes": "store_cmds", "pull": "pull", "log": "store_cmds", "show": "store_cmds",
+    "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
+    "rollback": "push", "ps": "ps", "import": "importdir", "fsck": "store_cmds",
 }
 # Modules of snapver/cli/ that register no command.
-NOT_COMMANDS = {"app", "render", "options"}
+NOT_COMMANDS = {"app", "render", "options", "completion"}
+COMPLETE_VAR = "_SNAPVER_COMPLETE"  # set by the shell's completion script: complete, do nothing else
 
 
 def load_commands(module: str | None = None) -> None:
@@ -55,18 +56,67 @@ class LazyGroup(TyperGroup):
             if cmd_name in COMMANDS and cmd_name not in self.commands:  # the table is stale
                 load_commands()
                 self._refresh()
-        return self.commands.get(cmd_name)
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            _one_usage_style(command)
+        if command is not None and os.environ.get(COMPLETE_VAR):  # completing: name what may come
+            from snapver.cli.completion import attach
+
+            attach(command)
+        return command
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         load_commands()
         self._refresh()
         return list(self.commands)
 
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: Optional[str] = None) -> None:
+        if os.environ.get(COMPLETE_VAR):  # typer's bash/zsh/fish classes, registered only now
+            from snapver.cli.completion import init_completion
+
+            init_completion()
+        super()._main_shell_completion(ctx_args, prog_name, complete_var)
+
     def _refresh(self) -> None:
         """Build what is registered by now, listed in the order of COMMANDS (not of import)."""
         built = typer.main.get_command(app).commands  # type: ignore[attr-defined]
         order = [name for name in COMMANDS if name in built] + [name for name in built if name not in COMMANDS]
         self.commands = {name: built[name] for name in order}
+
+
+# Commands that print a table or fields that give way on a narrow terminal ("list": patch list).
+WIDE_COMMANDS = frozenset({"nodes", "log", "status", "list"})
+
+
+def _set_wide(ctx: typer.Context, param: Any, value: bool) -> bool:
+    STATE.wide = STATE.wide or bool(value)
+    return value
+
+
+def _wide_option() -> Any:
+    """`-w/--wide`, for each of WIDE_COMMANDS (added here, so that their modules need not)."""
+    from typer.core import TyperOption
+
+    return TyperOption(param_decls=["wide", "-w", "--wide"], is_flag=True, default=False, expose_value=False,
+                       callback=_set_wide, help="Every cell whole: nothing elided or wrapped to fit the terminal.")
+
+
+def _one_usage_style(command: Any) -> None:
+    """Have ``command`` (and a group's subcommands) write its usage as SnapverCommand does.
+
+    typer builds every command as a TyperCommand; the class is swapped here, once for all,
+    rather than named in each of the modules that register commands.
+    """
+    if type(command) is TyperCommand:
+        command.__class__ = SnapverCommand
+    if command.name in WIDE_COMMANDS and not any(param.name == "wide" for param in command.params):
+        command.params.insert(-1 if command.params and command.params[-1].name == "help" else len(command.params),
+                              _wide_option())
+    for param in command.params:  # the arguments table spells them as the usage line does
+        if param.param_type_name == "argument" and param.metavar is None:
+            param.metavar = (param.name or "").upper()
+    for sub in getattr(command, "commands", {}).values():
+        _one_usage_style(sub)
 
 
 app = typer.Typer(
@@ -87,6 +137,8 @@ class Globals:
     config_path: Optional[str] = None
     verbose: bool = False
     color: bool = True
+    no_pager: bool = False
+    wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
 
     def config(self) -> "Config":
         from snapver.config import load_config
@@ -108,25 +160,79 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+# Commands whose output goes through a pager on a terminal when longer than the screen.
+PAGED_COMMANDS = frozenset({"diff", "log", "show", "status"})
+
+
+def _show_completion(value: bool) -> None:
+    if value:
+        from snapver.cli.completion import show
+
+        show()
+        raise typer.Exit(0)
+
+
+def _install_completion(value: bool) -> None:
+    if value:
+        from snapver.cli.completion import install
+
+        install()
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main_options(
+    ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
                                           "else .snapver here or in a parent).", show_default=False),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
+    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."),
     version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    show_completion: bool = typer.Option(False, "--show-completion", callback=_show_completion, is_eager=True,
+                                         help="Print the completion script of your shell (bash, zsh, fish)."),
+    install_completion: bool = typer.Option(False, "--install-completion", callback=_install_completion,
+                                            is_eager=True, help="Install completion for your shell (bash, zsh, fish)."),
 ) -> None:
     """snapver: know, compare and patch the code deployed on your nodes."""
     STATE.config_path = str(config) if config else None
     STATE.verbose = verbose or os.environ.get("SNAPVER_DEBUG") == "1"
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
+    STATE.no_pager = no_pager
+    if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:
+        from snapver.cli.render import hold_for_pager, release_to_pager
+
+        hold_for_pager(no_pager)
+        ctx.call_on_close(release_to_pager)
 
 
 PATHS_KEY = "snapver.paths"
 
 
-class PathsAfterDashes(TyperCommand):
+def usage_metavar(param: Any) -> str:
+    """An argument as every usage line spells it: NAME required, [NAME] optional, ... repeated
+    (``REF``, ``[PATH]``, ``[NODE|GROUP]...``); a metavar holding brackets or a space is kept."""
+    name = param.metavar or (param.name or "").upper()
+    if "[" in name or " " in name:
+        return name
+    if param.nargs != 1 and not name.endswith("..."):
+        name += "..."
+    return name if param.required else f"[{name}]"
+
+
+class SnapverCommand(TyperCommand):
+    """A command whose usage line spells its arguments one way (see `usage_metavar`)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                pieces.append(usage_metavar(param))
+        return pieces
+
+
+class PathsAfterDashes(SnapverCommand):
     """A command whose words after ``--`` are paths, kept apart in ``ctx.meta[PATHS_KEY]``
     (so that refs or nodes and paths never mix); ``usage`` is what its help shows."""
 

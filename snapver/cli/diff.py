@@ -1,4 +1,4 @@
-"""`snapver diff A [B] [-- PATH...]`: parse, call ops.diff, render."""
+"""`snapver diff REF [REF] [-- PATH...]`: parse, call ops.diff, render."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from snapver.cli.render import console, emit_json, escape, show_path
 
 
 class RefsThenPathsCommand(PathsAfterDashes):
-    usage = "A [B] [-- PATH...]"
+    usage = "REF [REF] [-- PATH...]"
 
 
 @app.command(cls=RefsThenPathsCommand)
 def diff(
     ctx: typer.Context,
-    refs: List[str] = typer.Argument(..., metavar="A [B]", show_default=False,
+    refs: List[str] = typer.Argument(..., metavar="REF [REF]", show_default=False,
                                      help="Two trees (node = live, node@latest, tag, may22, id, patch, ./folder); "
                                      "one: a node's newest snapshot against its live tree. Paths go after `--`: "
                                      "relative to site-packages or a tracked path, file names, or globs."),
@@ -36,7 +36,13 @@ def diff(
                                        help="A folder ref is site-packages/PREFIX (e.g. sglang/srt; `.`: a "
                                        "site-packages), instead of the matched layout."),
 ) -> int:
-    """Compare two trees by content: exit 0 identical, 1 different."""
+    """Compare two trees by content: exit 0 identical, 1 different.
+
+    Examples:
+      snapver diff ct200              # live tree against its newest snapshot
+      snapver diff may22 ct200 --stat # a tag against a live tree
+      snapver diff ct200 ct129 -- sglang/srt/layers/attention
+    """
     from snapver.errors import UsageError
     from snapver.ops.diff import diff as run_diff
 

@@ -24,7 +24,12 @@ def import_(
                                        help="The folder is site-packages/PREFIX (e.g. sglang/srt), not matched."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Record a local folder as a snapshot of NODE, dated --date; found by NODE@may22."""
+    """Record a local folder as a snapshot of NODE, dated --date; found by NODE@may22.
+
+    Examples:
+      snapver import ./backup/site-packages --node ct200 --date 2026-05-22
+      snapver import ./srt --node ct200 --tag before-upgrade
+    """
     from snapver.ops.importdir import import_folder
 
     config = STATE.config()

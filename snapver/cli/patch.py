@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, show_path
 
 patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
                         context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,7 +45,7 @@ def _warn_broken(patch: "object") -> None:
 
 @patch_app.command("new")
 def new(
-    name: str = typer.Argument(..., help="The patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     base: Optional[str] = typer.Option(None, "--base", help="The snapshot it applies to (tag, node, id …); "
                                        "leave out to check out an existing patch."),
     nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
@@ -56,7 +56,12 @@ def new(
     root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
                                        help="With --from: the folder is site-packages/PREFIX, not matched."),
 ) -> int:
-    """Start a patch: an editable checkout of the base tree; prints its folder."""
+    """Start a patch: an editable checkout of the base tree; prints its folder.
+
+    Examples:
+      snapver patch new fix-attn --base may22 --nodes tp8 -m "attention fix"
+      snapver patch new fix-attn --base may22 --from ~/src/sglang/python
+    """
     from snapver.ops.patch import new_patch
 
     config = STATE.config()
@@ -76,10 +81,14 @@ def new(
 
 @patch_app.command("save")
 def save(
-    name: str = typer.Argument(..., help="The patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     message: str = typer.Option("", "-m", "--message", help="Replace the patch's message."),
 ) -> int:
-    """Record the edits made in the patch's checkout folder."""
+    """Record the edits made in the patch's checkout folder.
+
+    Examples:
+      snapver patch save fix-attn
+    """
     from snapver.ops.patch import save_patch
 
     config = STATE.config()
@@ -93,7 +102,7 @@ def save(
 
 @patch_app.command("import")
 def import_(
-    name: str = typer.Argument(..., help="The new patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The new patch's name."),
     file: str = typer.Argument(..., help="A unified diff (`diff -u`, `git diff`, `git format-patch`); - for stdin."),
     base: str = typer.Option(..., "--base", help="The snapshot the diff was made against."),
     nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
@@ -101,7 +110,12 @@ def import_(
     strip: Optional[int] = typer.Option(None, "-p", "--strip", min=0,
                                         help="Leading path components to strip (default: guessed, like patch -pN)."),
 ) -> int:
-    """Make a patch from a unified diff; paths relative to site-packages (a/ b/ accepted)."""
+    """Make a patch from a unified diff; paths relative to site-packages (a/ b/ accepted).
+
+    Examples:
+      snapver patch import fix-attn fix.diff --base may22
+      git diff | snapver patch import fix-attn - --base ct200
+    """
     from snapver.errors import UsageError
     from snapver.ops.patch import import_patch
 
@@ -120,13 +134,17 @@ def import_(
 
 @patch_app.command("capture")
 def capture(
-    name: str = typer.Argument(..., help="The new patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The new patch's name."),
     node: str = typer.Argument(..., help="The live node whose drift becomes the patch."),
     base: str = typer.Option(..., "--base", help="The snapshot the node drifted from."),
     nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP + " Default: NODE."),
     message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
 ) -> int:
-    """Turn a node's live drift from REF (hand-made hot-fixes) into a patch."""
+    """Turn a node's live drift from --base (hand-made hot-fixes) into a patch.
+
+    Examples:
+      snapver patch capture hotfix-oom ct200 --base may22
+    """
     from snapver.ops.patch import capture_patch
 
     config = STATE.config()
@@ -140,7 +158,11 @@ def capture(
 
 @patch_app.command("list")
 def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
-    """List patches: name, files, base, target nodes, date, message."""
+    """List patches: name, files, base, target nodes, date, message.
+
+    Examples:
+      snapver patch list
+    """
     from snapver.ops.patch import list_patches
 
     config = STATE.config()
@@ -153,19 +175,24 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
         out.print("no patches yet (make one with `snapver patch new`, `import` or `capture`)")
     for p in patches:
         nodes = ", ".join(p.nodes) or "-"
-        out.print(f"[bold]{escape(p.name)}[/bold]  {p.commit[:10]}  {int(p.meta.get('files', 0))} file(s)  "
-                  f"base {p.base[:10]} ({escape(p.base_node)})  nodes {escape(nodes)}  {p.time:%Y-%m-%d %H:%M}"
-                  + (f"  {escape(p.message.splitlines()[0])}" if p.message else ""))
+        out.print(fields_line(out, [f"[bold]{escape(p.name)}[/bold]", p.commit[:10],
+                                    f"{int(p.meta.get('files', 0))} file(s)", f"base {p.base[:10]} ({escape(p.base_node)})",
+                                    f"nodes {escape(nodes)}", f"{p.time:%Y-%m-%d %H:%M}",
+                                    *([escape(p.message.splitlines()[0])] if p.message else [])]))
     return 0
 
 
 @patch_app.command("show")
 def show(
-    name: str = typer.Argument(..., help="The patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     all_history: bool = typer.Option(False, "--history", help="List every version of the patch, with dates."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """A patch's base, targets, message, history and files."""
+    """A patch's base, targets, message, history and files.
+
+    Examples:
+      snapver patch show fix-attn
+    """
     from snapver.ops.patch import checkout_folder, history, load_patch
 
     config = STATE.config()
@@ -209,10 +236,14 @@ def show(
 
 @patch_app.command("export")
 def export(
-    name: str = typer.Argument(..., help="The patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file, not stdout."),
 ) -> int:
-    """Print the patch as a unified diff that `git apply` / `patch -p1` apply in site-packages."""
+    """Print the patch as a unified diff that `git apply` / `patch -p1` apply in site-packages.
+
+    Examples:
+      snapver patch export fix-attn > fix-attn.diff
+    """
     from snapver.ops.patch import export_patch
 
     config = STATE.config()
@@ -227,10 +258,14 @@ def export(
 
 @patch_app.command("rebase")
 def rebase(
-    name: str = typer.Argument(..., help="The patch's name."),
+    name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     onto: str = typer.Option(..., "--onto", help="The new base snapshot (e.g. the next sglang release)."),
 ) -> int:
-    """Carry a patch onto a new base, three-way per file; conflicts are reported per file."""
+    """Carry a patch onto a new base, three-way per file; conflicts are reported per file.
+
+    Examples:
+      snapver patch rebase fix-attn --onto ct200
+    """
     from snapver.ops.patch import rebase_patch
 
     config = STATE.config()
@@ -255,8 +290,12 @@ def rebase(
 
 
 @patch_app.command("delete")
-def delete(name: str = typer.Argument(..., help="The patch's name.")) -> int:
-    """Delete a patch (its commits stay in the store until `git gc`)."""
+def delete(name: str = typer.Argument(..., metavar="PATCH", help="The patch's name.")) -> int:
+    """Delete a patch (its commits stay in the store until `git gc`).
+
+    Examples:
+      snapver patch delete fix-attn
+    """
     from snapver.ops.patch import checkout_folder, delete_patch
 
     config = STATE.config()

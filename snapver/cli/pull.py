@@ -19,7 +19,13 @@ def pull(
     message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Snapshot live nodes; only changed content crosses the wire."""
+    """Snapshot live nodes; only changed content crosses the wire.
+
+    Examples:
+      snapver pull ct200
+      snapver pull tp8 -m "before the attention fix"
+      snapver pull --all
+    """
     from snapver.errors import RefError, UsageError
     from snapver.ops.pull import NodePull, pull as pull_nodes
     from snapver.store.refs import check_name, tag_ref
@@ -48,9 +54,9 @@ def pull(
     if show_bar:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("pulling {task.fields[files]}/{task.fields[total_files]} files"), BarColumn(),
-                      DownloadColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("pull", total=None, files=0, total_files="?")
+        label = "pulling {task.fields[nodes]}: {task.fields[files]}/{task.fields[total_files]} files"
+        with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("pull", total=None, files=0, total_files="?", nodes=escape(bar_names(specs)))
 
             def plan(files: int, size: int) -> None:
                 bar.update(task, total=size, total_files=files)
@@ -64,10 +70,19 @@ def pull(
         result = pull_nodes(store, specs, tag, message, on_node_done=done)
     if json_out:
         emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
+    if result.compacting and err.is_terminal:  # a lock held for minutes: say who holds it
+        err.print(f"compacting the store in the background (pid {result.compacting})")
     failed = [n.node for n in result.nodes if n.error]
     if failed and len(result.nodes) > 1 and not json_out:
         err.print(f"snapver: error: {len(failed)} of {len(result.nodes)} nodes failed: {escape(', '.join(failed))}")
     return result.exit_code
+
+
+def bar_names(specs: "list[object]", most: int = 3) -> str:
+    """The nodes a progress bar names: ``ct200``, ``ct200, ct129``, ``ct200, ct129, ct130 +5``."""
+    names = [spec.name for spec in specs]  # type: ignore[attr-defined]
+    shown = ", ".join(names[:most])
+    return shown + (f" +{len(names) - most}" if len(names) > most else "")
 
 
 def summary_line(result: "object") -> str:

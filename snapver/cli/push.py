@@ -173,7 +173,13 @@ def push(
                                       help="When a wave fails, also roll back the waves that finished."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written."""
+    """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written.
+
+    Examples:
+      snapver push fix-attn ct200 --dry-run
+      snapver push fix-attn tp8 --health "python -c 'import sglang'"
+      snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
+    """
     from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
     from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push, roll_back_finished_waves
@@ -261,8 +267,15 @@ def rollback(
                                                    help="Seconds the restart and each health check may take."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Undo the last push on a node (only the files it wrote, each only while it still holds
-    what the push wrote), or restore its tree exactly to a snapshot with --to."""
+    """Undo the last push on a node, or restore its tree exactly to a snapshot with --to.
+
+    Undoing writes back only the files the push wrote, each only while it still holds what
+    the push wrote.
+
+    Examples:
+      snapver rollback ct200            # undo the last push on ct200
+      snapver rollback ct200 --to may22
+    """
     from snapver.ops.ps import stale_after_write
     from snapver.ops.push import hooks_for
     from snapver.ops.rollback import apply_rollback, plan_rollback

@@ -6,6 +6,7 @@ without importing rich (~30 ms of start-up), and hands rich whatever it is unsur
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -24,6 +25,8 @@ PLAIN_WIDTH = 400
 def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     """A console for stdout or stderr; off a terminal, lines are never wrapped or cut."""
     stream = sys.stderr if stderr else sys.stdout
+    if not stderr and isinstance(stream, HeldOutput):  # a terminal's output, held for the pager
+        return rich_console(False, stream.columns, not STATE.color, force_terminal=True)
     if stream.isatty():
         return rich_console(stderr, None, not STATE.color)
     if _rich_may_colour():
@@ -31,10 +34,12 @@ def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     return PlainConsole(stderr, not STATE.color)
 
 
-def rich_console(stderr: bool, width: Optional[int], no_color: bool) -> Console:
+def rich_console(stderr: bool, width: Optional[int], no_color: bool,
+                 force_terminal: Optional[bool] = None) -> Console:
     from rich.console import Console
 
-    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width)
+    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
+                   force_terminal=force_terminal)
 
 
 def _rich_may_colour() -> bool:
@@ -129,20 +134,103 @@ def plain_text(markup: object) -> Optional[str]:
     return markup
 
 
+# How a table column gives way when a terminal is too narrow for it (the others wrap at spaces):
+# KEEP columns are never cut or wrapped (what tells nodes, snapshots and dates apart),
+# PATH columns lose the middle of their cells (`/root/venv…/site-packages`).
+KEEP_COLUMNS = frozenset({"node", "address", "reachable", "snapshot", "date", "id", "patch"})
+PATH_COLUMNS = frozenset({"site-packages", "python"})
+MIN_PATH = 10  # a path column keeps at least this many characters
+
+
 def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it."""
+    """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it.
+
+    On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
+    every cell is whole, lines as long as they need.
+    """
     text = plain_table(columns, rows) if isinstance(out, PlainConsole) else None
     if text is not None:
         out.write(text)
         return
     from rich.table import Table
+    from rich.text import Text
 
+    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows)]
+    widths = [max(len(cell) for cell in column) for column in plain]
+    needed = sum(widths) + 2 * (len(widths) - 1)
+    if STATE.wide and out.is_terminal and needed > out.width:
+        out = rich_console(False, needed, out.no_color, force_terminal=True)
+    # The narrowest each column may be: KEEP whole, PATH down to MIN_PATH, the others to
+    # their longest word (they wrap at spaces, never inside a word).
+    least = [width if column in KEEP_COLUMNS else min(width, MIN_PATH) if column in PATH_COLUMNS
+             else max(len(word) for cell in cells for word in (cell.split() or [""]))
+             for column, width, cells in zip(columns, widths, plain)]
+    if out.is_terminal and not STATE.wide and needed > out.width:
+        rows = _elide_paths(columns, rows, widths, least, needed - out.width)
     table = Table(box=None, pad_edge=False)
-    for column in columns:
-        table.add_column(column)
+    for column, narrowest in zip(columns, least):
+        table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
         table.add_row(*row)
     out.print(table)
+
+
+def _elide_paths(columns: tuple[str, ...], rows: list[tuple[str, ...]], widths: list[int], least: list[int],
+                 excess: int) -> list[tuple[str, ...]]:
+    """``rows`` with the cells of PATH_COLUMNS cut in the middle so that the table fits:
+    the wrapping columns give way first (down to their longest word), then the paths, the
+    widest first, down to MIN_PATH."""
+    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least)
+                   if column not in KEEP_COLUMNS and column not in PATH_COLUMNS)
+    excess -= wrapping
+    limits = list(widths)
+    paths = [index for index, column in enumerate(columns) if column in PATH_COLUMNS]
+    while excess > 0 and paths:
+        widest = max(paths, key=lambda index: limits[index] - least[index])
+        if limits[widest] <= least[widest]:
+            break
+        limits[widest] -= 1
+        excess -= 1
+    if limits == widths:
+        return rows
+    return [tuple(elide_middle(cell, limits[index]) if index in paths else cell for index, cell in enumerate(row))
+            for row in rows]
+
+
+def elide_middle(markup: str, width: int) -> str:
+    """A one-line markup cell cut to ``width`` columns by its middle (``/root/ve…/site-packages``):
+    both ends of a path say the most. Plain text results (styles dropped)."""
+    from rich.text import Text
+
+    plain = Text.from_markup(markup).plain
+    if len(plain) <= width:
+        return markup
+    keep = width - 1
+    head = keep // 2
+    return escape(plain[:head] + "…" + plain[len(plain) - (keep - head):])
+
+
+def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator: str = "  ",
+                indent: int = 4) -> str:
+    """Markup ``fields`` joined by ``separator`` on one line; on a terminal too narrow for it
+    (and without `-w/--wide`), broken between fields, never inside one (a date stays whole),
+    the next lines indented."""
+    if not out.is_terminal or STATE.wide:
+        return separator.join(fields)
+    from rich.text import Text
+
+    lines: list[str] = []
+    current, used = "", 0
+    for field in fields:
+        length = Text.from_markup(field).cell_len
+        if current and used + len(separator) + length > out.width:
+            lines.append(current)
+            current, used = " " * indent + field, indent + length
+        else:
+            current = f"{current}{separator}{field}" if current else field
+            used += (len(separator) if used else 0) + length
+    lines.append(current)
+    return "\n".join(lines)
 
 
 def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Optional[str]:
@@ -165,7 +253,9 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Option
 
 
 def emit_json(document: Any) -> None:
-    """One JSON document on stdout."""
+    """One JSON document on stdout (never through a pager)."""
+    if isinstance(sys.stdout, HeldOutput):
+        sys.stdout.unpaged = True
     sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
@@ -205,3 +295,126 @@ def print_error(error: Any) -> None:
     err.print(f"snapver: error: {escape(error.message)}")
     if error.hint:
         err.print(f"hint: {escape(error.hint)}")
+
+
+# -- the pager -------------------------------------------------------------------------------
+#
+# As git: on a terminal, output longer than the screen goes through $SNAPVER_PAGER, else
+# the config's [ui] pager command, else $PAGER, else `less -FRX`. The output is held in
+# memory while the command runs (these commands print once their work is done), so that
+# a screenful or less is printed as it is and never starts a pager.
+
+DEFAULT_PAGER = "less -FRX"
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+class HeldOutput(io.TextIOWrapper):
+    """stdout while a command runs on a terminal: kept in memory, a terminal to whoever asks."""
+
+    def __init__(self, terminal: Any, columns: int, rows: int) -> None:
+        super().__init__(io.BytesIO(), encoding=terminal.encoding, errors=terminal.errors, write_through=True)
+        self.terminal = terminal
+        self.columns = columns
+        self.rows = rows
+        self.unpaged = False  # set by emit_json: a JSON document is never paged
+
+    def isatty(self) -> bool:
+        return True
+
+    def held(self) -> bytes:
+        self.flush()
+        return self.buffer.getvalue()  # type: ignore[attr-defined]
+
+
+def hold_for_pager(no_pager: bool) -> None:
+    """From now until `release_to_pager`, hold stdout when it is a terminal (the pager may get it)."""
+    import shutil
+
+    if no_pager or not sys.stdout.isatty() or isinstance(sys.stdout, HeldOutput):
+        return
+    size = shutil.get_terminal_size()
+    sys.stdout.flush()
+    sys.stdout = HeldOutput(sys.stdout, size.columns, size.lines)
+
+
+def screen_lines(text: bytes, columns: int) -> int:
+    """How many terminal lines ``text`` fills at ``columns`` wide (colour codes take none)."""
+    count = 0
+    for line in _ANSI.sub(b"", text).decode("utf-8", "replace").split("\n"):
+        count += max(1, -(-len(line.expandtabs()) // max(columns, 1)))
+    return count - (1 if text.endswith(b"\n") else 0)
+
+
+def pager_command(config_pager: Union[bool, str, None]) -> Optional[str]:
+    """The pager to run, as git picks it, or None: none wanted (`cat` or empty is none)."""
+    if config_pager is False:
+        return None
+    command = os.environ.get("SNAPVER_PAGER")
+    if command is None and isinstance(config_pager, str):
+        command = config_pager
+    if command is None:
+        command = os.environ.get("PAGER")
+    if command is None:
+        command = DEFAULT_PAGER
+    return None if command.strip() in ("", "cat") else command
+
+
+def release_to_pager() -> None:
+    """Give back stdout; what was held goes to the terminal, or through the pager when it is
+    longer than the screen (and not JSON, and the pager is not turned off)."""
+    held = sys.stdout
+    if not isinstance(held, HeldOutput):
+        return
+    sys.stdout = held.terminal
+    data = held.held()
+    if not data:
+        return
+    from snapver import interrupt
+
+    command = None
+    if not held.unpaged and not interrupt.requested() and screen_lines(data, held.columns) >= held.rows:
+        command = pager_command(_configured_pager())
+    if command is None or not _run_pager(command, data):
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+def _configured_pager() -> Union[bool, str, None]:
+    """`[ui] pager` of the config, or None (unset, or no config to read)."""
+    from snapver.errors import SnapverError
+
+    try:
+        return STATE.config().pager
+    except SnapverError:  # the command has already said what is wrong with the config
+        return None
+
+
+def _run_pager(command: str, data: bytes) -> bool:
+    """Feed ``data`` to ``command`` (a shell command, as git runs it) and wait for it; False
+    when it could not start (the output is then printed as it is)."""
+    import signal
+    import subprocess
+
+    env = dict(os.environ)
+    env.setdefault("LESS", "FRX")  # as git: raw colours, quit when it fits, keep the screen
+    env.setdefault("LV", "-c")
+    try:
+        pager = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env)
+    except OSError:
+        return False
+    # Ctrl-C belongs to the pager now (less uses it to stop a search): we wait for it to end.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert pager.stdin is not None
+        try:
+            pager.stdin.write(data)
+            pager.stdin.close()
+        except BrokenPipeError:  # the reader quit before the end (q in less): fine
+            pass
+        code = pager.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if code == 127:  # the shell did not find the pager
+        print(f"snapver: pager {command!r} not found; printing without it", file=sys.stderr)
+        return False
+    return True

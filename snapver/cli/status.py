@@ -34,8 +34,16 @@ def status(
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
 ) -> int:
-    """The fleet at a glance: reachable?, newest snapshot, changes since it, and each node
-    against known-good code (patched, hot-fixed); exit 0 only when all is known and pulled."""
+    """The fleet at a glance: reachable?, newest snapshot, changes, patched or hot-fixed.
+
+    Each node against known-good code (its RECORD, or --against); exit 0 only when all is
+    known and pulled.
+
+    Examples:
+      snapver status
+      snapver status tp8 --against may22
+      snapver status --files -- sglang/srt/server_args.py
+    """
     from snapver.errors import UsageError
     from snapver.ops.status import fleet_matrix
     from snapver.ops.status import status as run_status

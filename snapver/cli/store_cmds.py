@@ -9,17 +9,27 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, human_bytes, print_table, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, human_bytes, print_table, show_path
 
 
 @app.command()
 def init(
     local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local."""
+    """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
+
+    Examples:
+      snapver init            # then add your nodes to .snapver
+      snapver init --local    # this machine's site-packages as node `local`
+    """
     from snapver.ops.init import init as run_init
 
     result = run_init(Path.cwd(), local=local)
+    if json_out:
+        emit_json({"config": str(result.config_path), "config_created": result.config_created,
+                   "store": str(result.store_path), "local": local})
+        return 0
     out = console()
     if result.config_created:
         out.print(f"wrote {escape(str(result.config_path))} "
@@ -35,7 +45,12 @@ def nodes(
     check: bool = typer.Option(False, "--check", help="Connect and report python, site-packages, version."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """List nodes and groups; --check connects to each."""
+    """List nodes and groups; --check connects to each.
+
+    Examples:
+      snapver nodes
+      snapver nodes --check   # connect: python, site-packages, version
+    """
     from snapver.ops.nodes import list_nodes
 
     config = STATE.config()
@@ -46,7 +61,7 @@ def nodes(
                    "groups": {name: list(members) for name, members in config.groups.items()},
                    "exit_code": code})
         return code
-    columns = ("node", "address") + (("reachable", "python", "site-packages", "distribution")
+    columns = ("node", "address") + (("reachable", "python", "site-packages", "version")
                                       if check else ("site-packages",))
     rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
              escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists)) if check else
@@ -70,8 +85,15 @@ def log(
     oneline: bool = typer.Option(False, "--oneline", help="One short line per snapshot: id, date, node, event."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Snapshots, newest first: id, date, node, what made it (pull, push NAME, rollback,
-    import), files changed, tags, version, message."""
+    """Snapshots, newest first: id, date, node, what made it, files changed, tags, version.
+
+    What made it: pull, push NAME, rollback or import; the message follows.
+
+    Examples:
+      snapver log
+      snapver log ct200 -n 5
+      snapver log --since may22 --oneline
+    """
     from snapver.ops.log import log as read_log
     from snapver.ops.log import parse_since
 
@@ -90,13 +112,14 @@ def log(
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
         event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
+        note = [show_path(s.message)] if s.message else []
         if oneline:
-            note = f" {show_path(s.message)}" if s.message else ""
-            out.print(f"[bold]{s.id[:10]}[/bold] {s.time:%Y-%m-%d %H:%M} {escape(s.node)} {event}{tags}{note}")
+            out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}", escape(s.node),
+                                        f"{event}{tags}", *note], separator=" "))
             continue
-        note = f"  {show_path(s.message)}" if s.message else ""
-        out.print(f"[bold]{s.id[:10]}[/bold]  {s.time:%Y-%m-%d %H:%M}  {escape(s.node):<10} {event}  "
-                  f"{s.files} files, {s.changed} changed  {escape(', '.join(s.dists)) or '-'}{tags}{note}")
+        out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}",
+                                    f"{escape(s.node):<10} {event}", f"{s.files} files, {s.changed} changed",
+                                    f"{escape(', '.join(s.dists)) or '-'}{tags}", *note]))
     return 0
 
 
@@ -106,7 +129,13 @@ def show(
     path: Optional[str] = typer.Argument(None, help="A file, relative to site-packages."),
     json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
 ) -> int:
-    """A snapshot's metadata, or one file's content in it."""
+    """A snapshot's metadata, or one file's content in it.
+
+    Examples:
+      snapver show ct200      # its newest snapshot, and what it changed
+      snapver show may22 sglang/srt/server_args.py
+      snapver show ct200~1 --json
+    """
     from snapver.ops.log import show as run_show
 
     config = STATE.config()
@@ -151,18 +180,42 @@ def show(
 
 
 @app.command()
-def fsck() -> int:
-    """Verify the store: every object, every manifest hash."""
+def fsck(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+    """Verify the store: every object, every manifest hash.
+
+    Examples:
+      snapver fsck
+      snapver fsck --json
+    """
     from snapver.errors import StoreError
     from snapver.ops.fsck import fsck as run_fsck
 
     config = STATE.config()
     store = STATE.store(config)
     result = run_fsck(store)
-    out = console()
+    if json_out:
+        emit_json({**result.to_json(), "exit_code": 0 if result.ok else StoreError.exit_code})
     for problem in result.problems:
         console(stderr=True).print(f"[red]problem[/red]: {escape(problem)}")
     if not result.ok:
         raise StoreError(f"the store has {len(result.problems)} problem(s)", hint="see the lines above")
-    out.print(f"store ok: {result.commits} snapshots, {result.blobs} blobs verified")
+    if not json_out:
+        console().print(f"store ok: {fsck_counts(result)} verified")
     return 0
+
+
+def fsck_counts(result: "object") -> str:
+    """What fsck checked, each number named: ``9 snapshots (as log lists them), 3 patch
+    commits, 2 push records, 1204 blobs``."""
+    kinds = result.kinds  # type: ignore[attr-defined]
+
+    def count(number: int, what: str) -> str:
+        return f"{number} {what}{'' if number == 1 else 's'}"
+
+    parts = [count(kinds.get("snapshot", 0), "snapshot") + " (as log lists them)"]
+    if kinds.get("patch"):
+        parts.append(count(kinds["patch"], "patch commit"))
+    if kinds.get("push"):
+        parts.append(count(kinds["push"], "push record"))
+    parts.append(count(result.blobs, "blob"))  # type: ignore[attr-defined]
+    return ", ".join(parts)

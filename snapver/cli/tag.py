@@ -20,7 +20,13 @@ def tag(
     force: bool = typer.Option(False, "-f", "--force", help="Move an existing tag."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Name a snapshot; list or delete names."""
+    """Name a snapshot; list or delete names.
+
+    Examples:
+      snapver tag may22 ct200     # ct200's newest snapshot is now may22
+      snapver tag --list
+      snapver tag -d may22
+    """
     from snapver.errors import UsageError
     from snapver.ops import tag as ops
 

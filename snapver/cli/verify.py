@@ -17,7 +17,12 @@ def verify(
                                         help="Nodes (or groups) to check."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Live files against the installed distribution's RECORD: what changed since `pip install`."""
+    """Live files against the installed distribution's RECORD: what changed since `pip install`.
+
+    Examples:
+      snapver verify ct200
+      snapver verify tp8 --json
+    """
     from snapver.ops.verify import verify as run_verify
 
     config = STATE.config()

@@ -26,10 +26,17 @@ _REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"
 
 @dataclass
 class FsckResult:
-    commits: int = 0
+    commits: int = 0  # commits with a manifest, checked: snapshots, patch commits, push records
     blobs: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # commits checked by kind ("snapshot", "patch", "push"): `log` lists the snapshots
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "snapshots": self.kinds.get("snapshot", 0),
+                "patch_commits": self.kinds.get("patch", 0), "push_records": self.kinds.get("push", 0),
+                "commits": self.commits, "blobs": self.blobs, "problems": self.problems, "notes": self.notes}
 
     @property
     def ok(self) -> bool:
@@ -70,6 +77,8 @@ def fsck(store: Store) -> FsckResult:
             result.problems.append(f"{label}: its manifest cannot be parsed: {exc}")
             continue
         result.commits += 1
+        kind = commit.meta["kind"]
+        result.kinds[kind] = result.kinds.get(kind, 0) + 1
         manifests.append((commit, manifest))
         _check_tree(store, commit, manifest, label, result)
     _check_content(store, manifests, result)

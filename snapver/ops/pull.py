@@ -77,6 +77,7 @@ class NodePull:
 @dataclass
 class PullResult:
     nodes: list[NodePull]
+    compacting: int | None = None  # the process id of a background compaction this pull started
 
     @property
     def exit_code(self) -> int:
@@ -136,7 +137,7 @@ def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: s
     """Snapshot every node in ``specs`` (in parallel), holding the store lock. Never changes a node."""
     with store.lock():
         result = pull_locked(store, specs, tag, message, on_plan, on_progress, on_node_done)
-    maybe_compact(store.path)
+    result.compacting = maybe_compact(store.path)
     return result
 
 

@@ -40,20 +40,20 @@ def record_raw_bytes(store_path: Path, count: int) -> int:
     return total
 
 
-def maybe_compact(store_path: Path) -> bool:
-    """Start a background repack when enough raw bytes piled up; True if one started."""
+def maybe_compact(store_path: Path) -> int | None:
+    """Start a background repack when enough raw bytes piled up; the process id if one started."""
     if os.environ.get("SNAPVER_AUTO_GC", "1") == "0":
-        return False
+        return None
     try:
         total = int(json.loads((store_path / STATE).read_text()).get("raw_bytes", 0))
     except (OSError, ValueError):
-        return False
+        return None
     if total < RAW_BYTES_BEFORE_COMPACT:
-        return False
-    subprocess.Popen([sys.executable, "-m", "snapver.store.gc", str(store_path)],
+        return None
+    process = subprocess.Popen([sys.executable, "-m", "snapver.store.gc", str(store_path)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
-    return True
+    return process.pid
 
 
 def compact(store_path: Path) -> int:

@@ -365,3 +365,46 @@ def test_bad_config_is_exit_2_naming_file_and_key(run_snapver, case: str, comman
     config = Path.cwd() / ".snapver"
     config.write_text(text)
     fails(run_snapver(*command), 2, str(config), key)
+
+
+# --------------------------------------------------------------------------- help: order, names, examples
+
+WORKFLOW = ["init", "nodes", "pull", "log", "show", "tag", "diff", "status", "verify", "patch", "push", "rollback",
+            "import", "fsck"]
+PATCH_COMMANDS = ["new", "save", "import", "capture", "list", "show", "export", "rebase", "delete"]
+
+
+def test_commands_are_listed_in_workflow_order(run_snapver) -> None:
+    helped = ok(run_snapver("--help", env={"COLUMNS": "100"})).out
+    listed = re.findall(r"^│ (\w+) ", helped.split("Commands")[1], re.MULTILINE)
+    assert listed == WORKFLOW, listed
+
+
+def test_every_help_has_examples_and_one_spelling_of_arguments(run_snapver) -> None:
+    """1-3 examples of real commands in each help; arguments spelled NODE, REF, PATCH,
+    [NODE|GROUP]... (required bare, optional in brackets); no line wider than 80 columns."""
+    commands = [[name] for name in WORKFLOW if name != "patch"] + [["patch", name] for name in PATCH_COMMANDS]
+    usages = {}
+    for command in commands:
+        text = ok(run_snapver(*command, "--help", env={"COLUMNS": "80"})).out
+        assert all(len(line) <= 80 for line in text.splitlines()), command
+        examples = text.split("Examples:")[1].split("╭")[0].split("\n") if "Examples:" in text else []
+        examples = [line.strip() for line in examples if line.strip()]
+        assert 1 <= len(examples) <= 3, (command, text)
+        for example in examples:
+            words = example.split("|")[-1].split()  # `git diff | snapver patch import …`
+            assert words[0] == "snapver" and words[1:1 + len(command)] == command, (command, example)
+        usage = re.search(r"Usage: snapver (.*)", text)
+        assert usage, text
+        usages[" ".join(command)] = usage.group(1).strip()
+        assert "{" not in usage.group(1) and not re.search(r"\b[a-z]+\]", usage.group(1)), usage.group(1)
+    assert usages["diff"] == "diff [OPTIONS] REF [REF] [-- PATH...]"
+    assert usages["log"] == "log [OPTIONS] [NODE]"
+    assert usages["show"] == "show [OPTIONS] REF [PATH]"
+    assert usages["tag"] == "tag [OPTIONS] [NAME] [REF]"
+    assert usages["pull"] == "pull [OPTIONS] [NODE|GROUP]..."
+    assert usages["status"] == "status [OPTIONS] [NODE|GROUP]... [-- PATH...]"
+    assert usages["push"] == "push [OPTIONS] PATCH [NODE|GROUP]..."
+    assert usages["rollback"] == "rollback [OPTIONS] NODE"
+    assert usages["patch show"] == "patch show [OPTIONS] PATCH"
+    assert usages["patch capture"] == "patch capture [OPTIONS] PATCH NODE"
