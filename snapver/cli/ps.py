@@ -19,8 +19,15 @@ def ps(
                                         help="Nodes or groups (default: every node)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """The processes running code of each node's tracked tree (read from /proc), and which of
-    them started before a file they may run last changed: restart needed."""
+    """The processes running each node's tracked code, and which need a restart.
+
+    Read from /proc on the node: a process that started before a file it may run last
+    changed is marked restart needed, with those files.
+
+    Examples:
+      snapver ps ct200
+      snapver ps tp8 --json
+    """
     from snapver.ops.ps import ps as run_ps
 
     config = STATE.config()

@@ -167,7 +167,9 @@ def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], row
              for column, width, cells in zip(columns, widths, plain)]
     if out.is_terminal and not STATE.wide and needed > out.width:
         rows = _elide_paths(columns, rows, widths, least, needed - out.width)
-    table = Table(box=None, pad_edge=False)
+    # Columns stay two spaces apart, one when even their narrowest would not fit otherwise.
+    tight = out.is_terminal and not STATE.wide and sum(least) + 2 * (len(least) - 1) > out.width
+    table = Table(box=None, pad_edge=False, collapse_padding=tight)
     for column, narrowest in zip(columns, least):
         table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
