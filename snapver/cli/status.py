@@ -72,9 +72,14 @@ def status(
 
 def render_status(result: Any) -> None:
     out = console()
-    print_table(out, ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart"), [
-        (escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
-         _restart(row)) for row in result.nodes])
+    columns = ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart")
+    rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
+             _restart(row)) for row in result.nodes]
+    if getattr(out, "is_terminal", False) and all(row[-1] in ("0", "-") for row in rows):
+        # On a screen a column of zeros is room the others need (80 columns); scripts that
+        # read the table (not a terminal) always get it.
+        columns, rows = columns[:-1], [row[:-1] for row in rows]
+    print_table(out, columns, rows)
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)
