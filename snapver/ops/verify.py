@@ -146,18 +146,25 @@ def read_record(transport: Transport) -> tuple[dict[str, RecordEntry], list[Dist
     return request_record(transport)()
 
 
+def owning_dists(transport: Transport) -> list[DistInfo]:
+    """The installed distributions (``*.dist-info``) owning the tracked paths; none is a
+    RemotePathError (verify needs the RECORD pip wrote)."""
+    info = transport.info
+    assert info is not None
+    if not info.dists:
+        spec = transport.spec
+        raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
+                              f"{', '.join(spec.paths)} in {info.site_packages}",
+                              hint="verify needs the RECORD that pip wrote when it installed the package")
+    return list(info.dists)
+
+
 def request_record(transport: Transport) -> Callable[[], tuple[dict[str, RecordEntry], list[DistInfo]]]:
     """``read_record`` in two steps: ask the node now (behind any request already sent),
     and get a function that reads the answer. RemotePathError at once if no installed
     distribution owns the tracked paths, from the function if none has a RECORD."""
-    info = transport.info
     spec = transport.spec
-    assert info is not None
-    dists = list(info.dists)
-    if not dists:
-        raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
-                              f"{', '.join(spec.paths)} in {info.site_packages}",
-                              hint="verify needs the RECORD that pip wrote when it installed the package")
+    dists = owning_dists(transport)
     stream = transport.read_files([f"{d.dist_info}/RECORD" for d in dists])
 
     def finish() -> tuple[dict[str, RecordEntry], list[DistInfo]]:
@@ -215,14 +222,8 @@ def read_records(transport: Transport) -> tuple[dict[str, RecordEntry], list[Dis
                                                  dict[str, RecordEntry]]:
     """The RECORD rows (tracked paths only) of the installed distributions owning the
     tracked paths, those distributions, the leftover dist-infos and their rows."""
-    info = transport.info
     spec = transport.spec
-    assert info is not None
-    dists = list(info.dists)
-    if not dists:
-        raise RemotePathError(f"{spec.name}: no installed distribution (*.dist-info) owns "
-                              f"{', '.join(spec.paths)} in {info.site_packages}",
-                              hint="verify needs the RECORD that pip wrote when it installed the package")
+    dists = owning_dists(transport)
     dists, leftovers = _installed(transport, dists)
     leftover_names = {f"{d.dist_info}/RECORD" for d in leftovers}
     record: dict[str, RecordEntry] = {}
