@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
+    except SystemExit as exc:
+        # typer turns a BrokenPipeError on stdout into a silent exit 1; `snapver log | head`
+        # got what it wanted: the command ends quietly, 0 (SPEC: 1 means differences found).
+        if exc.code == 1 and _stdout_closed():
+            sys.exit(0)
+        raise
     except SnapverError as exc:
         if interrupt.requested():  # a connection cut by the interrupt failed the command
             print("snapver: interrupted", file=sys.stderr)

@@ -95,9 +95,9 @@ class PlainConsole:
                 error.reason = f"{error.reason}\n*** You may need to add PYTHONIOENCODING=utf-8 to your environment ***"
                 raise
             stream.flush()
-        except BrokenPipeError:  # as rich: stdout to /dev/null, exit 1 (Console.on_broken_pipe)
+        except BrokenPipeError:  # `snapver log | head`: the reader has all it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(1) from None
+            raise SystemExit(0) from None  # quietly, and never 1: that means "differences found"
 
 
 def plain_text(markup: object) -> Optional[str]:
