@@ -153,7 +153,7 @@ def restore_steps(live: dict[str, Live | None], target: dict[str, Entry | None])
         now, wanted = live.get(path), target.get(path)
         if wanted is not None and wanted.kind == SPECIAL:
             if now is None or not now.matches(wanted, with_mode=False):
-                steps.append(Step(path, SKIP, now, wanted, note="a special file is never created: left as it is"))
+                steps.append(_never_created(path, now, wanted))
         elif wanted is None:
             if now is not None:
                 steps.append(Step(path, DELETE, now, None, note="remove"))
@@ -187,10 +187,8 @@ def describe_conflicts(conflicts: dict[str, Any], limit: int = 5) -> str:
             return f"{'link ' if value[0] == LINK else ''}{str(value[1])[:10]}"
         return str(value)
 
-    shown = [f"{path} (expected {state(seen.get('expected'))}, found {state(seen.get('found'))})"
-             for path, seen in sorted(conflicts.items())[:limit]]
-    more = f" and {len(conflicts) - limit} more" if len(conflicts) > limit else ""
-    return "; ".join(shown) + more
+    return first_of([f"{path} (expected {state(seen.get('expected'))}, found {state(seen.get('found'))})"
+                     for path, seen in sorted(conflicts.items())], limit)
 
 
 def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[Step], partial: bool = False,
@@ -248,6 +246,16 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
     return result
 
 
+def _never_created(path: str, now: Live | None, wanted: Entry) -> Step:
+    """A FIFO, socket or device of a snapshot is not made again: the path is left as it is."""
+    return Step(path, SKIP, now, wanted, note="a special file is never created: left as it is")
+
+
+def first_of(paths: list[str], limit: int = 5) -> str:
+    """The first ``limit`` paths, and how many more: for one-line messages."""
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
 def _is(live: Live | None, entry: Entry | None, with_mode: bool) -> bool:
     return live is None and entry is None or live is not None and live.matches(entry, with_mode)
 
@@ -264,7 +272,7 @@ def undo_steps(live: dict[str, Live | None], wrote: dict[str, Entry | None], bef
         if _is(now, wanted, with_mode=True):
             continue
         if wanted is not None and wanted.kind == SPECIAL:
-            steps.append(Step(path, SKIP, now, wanted, note="a special file is never created: left as it is"))
+            steps.append(_never_created(path, now, wanted))
         elif _is(now, ours, with_mode=False):
             steps.append(Step(path, action, now, wanted, note="undo"))
         elif force:
@@ -297,8 +305,8 @@ def undo_node(store: Store, plan: NodePlan, wrote: dict[str, Entry | None], befo
 
 def left_alone_error(node: str, paths: list[str]) -> ConflictError:
     """The error for an undo that left files alone because they changed since written."""
-    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-    return ConflictError(f"{node}: {len(paths)} file(s) changed since they were written, left alone: {shown}",
+    return ConflictError(f"{node}: {len(paths)} file(s) changed since they were written, left alone: "
+                         f"{first_of(paths)}",
                          hint=f"see them with `snapver diff {node}`; `snapver rollback {node} --force` "
                               "restores them anyway")
 

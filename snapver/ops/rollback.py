@@ -14,8 +14,8 @@ from typing import Any
 from snapver.config import Config
 from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
-from snapver.ops.plan import Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, last_push, \
-    newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.plan import Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, first_of, \
+    last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Store
@@ -126,8 +126,7 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
     if plan.node.conflicts:
         paths = [step.path for step in plan.node.conflicts]
         raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
-                            f"wrote them: {', '.join(paths[:5])}" + (" …" if len(paths) > 5 else "")
-                            + "; nothing was written",
+                            f"wrote them: {first_of(paths)}; nothing was written",
                             hint=f"see them with `snapver diff {plan.node.node}`; --force restores them anyway")
     record = Record("rollback", f"rollback to {plan.target[:10]}", {"target": plan.target, "reason": plan.reason,
                                                                     "patch": None})
