@@ -112,18 +112,21 @@ def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> boo
     return True
 
 
-def _render_waves_end(result: "object") -> None:
+def _render_waves_end(outcome: "object", action: str = "push") -> None:
+    """Where a rollout in waves got to (a push's ``WavesResult`` or a rollback's ``WavesOutcome``)."""
     from snapver.ops.push import WavesResult
+    from snapver.ops.waves import WavesOutcome
 
-    assert isinstance(result, WavesResult)
-    total = len(result.waves)
-    if not result.stopped:
+    assert isinstance(outcome, (WavesResult, WavesOutcome))
+    total, finished = len(outcome.waves), outcome.finished
+    if finished >= total:
         console().print(f"all {total} wave(s) finished")
         return
-    left = [run.node for run in result.nodes if run.state == "cancelled" and not run.written]
-    console(stderr=True).print(f"[red]push stopped[/red] after {result.finished} of {total} wave(s) finished; "
+    runs = outcome.nodes if isinstance(outcome, WavesResult) else outcome.runs
+    left = [run.node for run in runs if run.state == "cancelled" and not run.written]
+    console(stderr=True).print(f"[red]{action} stopped[/red] after {finished} of {total} wave(s) finished; "
                                f"not written: {escape(', '.join(left)) or '-'}")
-    for run in result.rolled_back:
+    for run in outcome.rolled_back if isinstance(outcome, WavesResult) else ():
         console(stderr=True).print(f"{escape(run.node)}: --rollback-all:")
         render_run(run)
 
@@ -250,7 +253,7 @@ def push(
 
 @app.command()
 def rollback(
-    node: str = typer.Argument(..., help="The node to restore."),
+    targets: List[str] = typer.Argument(..., metavar="NODE|GROUP...", help="The nodes to restore."),
     to: Optional[str] = typer.Option(None, "--to", help="The snapshot to restore (default: as it was before "
                                      "the last push that changed it)."),
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
@@ -265,9 +268,15 @@ def rollback(
                                              help="Poll URL from the node after restoring until it answers 2xx."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
                                                    help="Seconds the restart and each health check may take."),
+    waves: Optional[str] = typer.Option(None, "--waves", metavar="SPEC",
+                                        help="Restore in waves, e.g. 1,100% (as push --waves; the config's waves "
+                                        "is for push only): each wave restored, restarted and healthy before the "
+                                        "next; a failure stops the rollback."),
+    pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
+                                help="Wait this long between waves (on a terminal without --yes: ask)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
-    """Undo the last push on a node, or restore its tree exactly to a snapshot with --to.
+    """Undo the last push on nodes, or restore their trees exactly to a snapshot with --to.
 
     Undoing writes back only the files the push wrote, each only while it still holds what
     the push wrote.
@@ -275,48 +284,89 @@ def rollback(
     Examples:
       snapver rollback ct200            # undo the last push on ct200
       snapver rollback ct200 --to may22
+      snapver rollback tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
+    from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
     from snapver.ops.push import hooks_for
-    from snapver.ops.rollback import apply_rollback, plan_rollback
+    from snapver.ops.rollback import apply_rollbacks, plan_rollbacks
 
+    if waves is not None:
+        parse_waves(waves)  # a bad spec is refused before any node is asked
     config = STATE.config()
     store = STATE.store(config)
     out = console()
-    with plan_rollback(store, config, node, to, force) as plan:
+    plans = plan_rollbacks(store, config, targets, to, force)
+    # One node without waves keeps the one-node JSON document scripts already read.
+    single = len(plans) == 1 and waves is None
+    try:
         if not json_out:
-            out.print(f"rollback {escape(node)} to {plan.target[:10]} ({escape(plan.reason)})"
-                      + (" — dry run" if dry_run else ""))
-            if plan.interrupted is not None:
-                out.print(f"{escape(node)}: repairs the interrupted {plan.interrupted.action} of "
-                          f"{escape(str(plan.interrupted.patch or '-'))} ({plan.interrupted.time:%Y-%m-%d %H:%M})")
-            render_node_plan(plan.node)
-        if plan.node.conflicts and not dry_run:
+            for plan in plans:
+                out.print(f"rollback {escape(plan.node.node)} to {plan.target[:10]} ({escape(plan.reason)})"
+                          + (" — dry run" if dry_run else ""))
+                if plan.interrupted is not None:
+                    out.print(f"{escape(plan.node.node)}: repairs the interrupted {plan.interrupted.action} of "
+                              f"{escape(str(plan.interrupted.patch or '-'))} "
+                              f"({plan.interrupted.time:%Y-%m-%d %H:%M})")
+                render_node_plan(plan.node)
+        conflicted = any(plan.node.conflicts for plan in plans)
+        if conflicted and not dry_run:
             if json_out:
-                emit_json({**plan.to_json(), "dry_run": False, "result": None, "exit_code": 1})
-            apply_rollback(store, plan)  # raises the refusal
-        if dry_run or (plan.nothing_to_do and plan.interrupted is None):
+                emit_json(_rollback_json(plans, single, dry_run=False, exit_code=1))
+            apply_rollbacks(store, plans)  # raises the refusal
+        quiet = all(plan.nothing_to_do and plan.interrupted is None for plan in plans)
+        if dry_run or quiet:
             if json_out:
-                emit_json({**plan.to_json(), "dry_run": dry_run, "result": None, "exit_code": 0})
-            elif plan.nothing_to_do:
-                out.print(f"nothing to do: {escape(node)} already equals {plan.target[:10]}; nothing recorded")
+                emit_json(_rollback_json(plans, single, dry_run=dry_run, exit_code=0))
+            elif quiet:
+                for plan in plans:
+                    out.print(f"nothing to do: {escape(plan.node.node)} already equals {plan.target[:10]}; "
+                              "nothing recorded")
             else:
                 out.print("dry run: nothing written")
             return 0
-        if plan.node.writes and not confirm(yes, f"restore {len(plan.node.writes)} file(s) on {node}?"):
+        writes = sum(len(plan.node.writes) for plan in plans)
+        busy = [plan.node.node for plan in plans if plan.node.writes]
+        if busy and not confirm(yes, f"restore {writes} file(s) on {', '.join(busy)}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
-        hooks = hooks_for([plan.node.spec], restart, no_restart, health, health_url, health_timeout)
-        run = apply_rollback(store, plan, hooks)
-        stale = [] if run is None or interrupt.requested() else stale_after_write([plan.node], [run])
+        hooks = hooks_for([plan.node.spec for plan in plans], restart, no_restart, health, health_url,
+                          health_timeout)
+        result = apply_rollbacks(store, plans, hooks, waves,
+                                 between=lambda index, names: _between_waves(index, names, pause, yes),
+                                 on_wave=None if json_out else _render_wave)
+        written = [run for run in result.runs if run.written or run.deleted]
+        stale = [] if interrupt.requested() else stale_after_write([plan.node for plan in plans], written)
+    finally:
+        for plan in plans:
+            plan.close()
     if json_out:
-        emit_json({**plan.to_json(), "dry_run": False, "result": run.to_json() if run else None,
-                   "exit_code": run.exit_code if run else 0, "still_running_old": [s.to_json() for s in stale]})
-    elif run is not None:
-        if plan.nothing_to_do:
-            out.print(f"{escape(node)}: nothing to restore; the interrupted push is marked repaired")
-        else:
-            render_run(run)
-            render_stale(stale, "rollback")
+        document = _rollback_json(plans, single, dry_run=False, exit_code=result.exit_code, result=result)
+        emit_json({**document, "still_running_old": [s.to_json() for s in stale]})
+    else:
+        for plan in plans:
+            run = result.run_of(plan.node.node)
+            if run is not None and plan.nothing_to_do:
+                out.print(f"{escape(plan.node.node)}: nothing to restore; the interrupted push is marked repaired")
+            elif run is not None and result.waves is None:
+                render_run(run)
+        if result.waves is not None:
+            _render_waves_end(result.waves, "rollback")
+        render_stale(stale, "rollback")
     interrupt.check()
-    return run.exit_code if run else 0
+    return result.exit_code
+
+
+def _rollback_json(plans: list, single: bool, dry_run: bool, exit_code: int, result: "object" = None) -> dict:
+    """One node without waves: that node's plan and result (as before several nodes could be
+    named); else ``nodes``, each a plan with its result, and the waves' outcome."""
+    from snapver.ops.rollback import RollbacksResult
+
+    if single:
+        run = result.run_of(plans[0].node.node) if isinstance(result, RollbacksResult) else None
+        return {**plans[0].to_json(), "dry_run": dry_run, "result": run.to_json() if run else None,
+                "exit_code": exit_code}
+    if isinstance(result, RollbacksResult):
+        return {**result.to_json(), "dry_run": dry_run}
+    return {"nodes": [{**plan.to_json(), "result": None} for plan in plans], "dry_run": dry_run,
+            "exit_code": exit_code}

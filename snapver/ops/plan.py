@@ -424,7 +424,7 @@ def _waves_note(meta: dict[str, Any]) -> str | None:
     its node's wave finished)."""
     if not meta.get("waves") or meta.get("state") == "done":
         return None
-    return (f"the push stopped after {meta.get('waves_finished', 0)} of {meta.get('of_waves', '?')} wave(s) "
+    return (f"the {meta.get('action', 'push')} stopped after {meta.get('waves_finished', 0)} of {meta.get('of_waves', '?')} wave(s) "
             f"({meta['waves']})")
 
 
@@ -465,6 +465,7 @@ class Record:
     subject: str
     meta: dict[str, Any]
     push_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)  # meta of one node's records only
 
 
 def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -475,7 +476,8 @@ def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> d
     with store.importer() as importer:
         for row in rows:
             node = row["node"]
-            meta = {**record.meta, **{k: v for k, v in row.items() if k != "tree"}, "v": 1, "kind": "push",
+            meta = {**record.meta, **record.per_node.get(node, {}), **{k: v for k, v in row.items() if k != "tree"},
+                    "v": 1, "kind": "push",
                     "action": record.action, "push_id": record.push_id, "time": now.isoformat(timespec="seconds")}
             manifest = store.manifest(row["tree"]) if row.get("tree") else Manifest()
             subject = f"{record.subject} on {node}: {row['state']}"

@@ -15,16 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from snapver.config import Config, NodeSpec, parse_waves
+from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch
-from snapver import interrupt
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
-                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within,
-                              write_records)
-from snapver.store import refs
+                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.ops.waves import run_waves
 from snapver.store.repo import Store
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "apply_push", "push_state"]
@@ -248,26 +246,6 @@ def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: boo
 
 
 # -- canary waves -----------------------------------------------------------------------
-def split_waves(nodes: list[NodePlan], steps: list[tuple[float, bool]]) -> list[list[NodePlan]]:
-    """The nodes of each wave, in order: wave k holds the nodes up to its cumulative size
-    (a percentage rounded up); sizes that add no node are dropped, and whatever the last
-    size leaves out forms a last wave (a rollout never stops short by its spec)."""
-    import math
-
-    total, waves, done = len(nodes), [], 0
-    for value, percent in steps:
-        upto = min(total, math.ceil(total * value / 100) if percent else int(value))
-        if upto < done:
-            raise UsageError(f"--waves: each wave must reach at least as many nodes as the one before "
-                             f"({upto} after {done} of {total})")
-        if upto > done:
-            waves.append(nodes[done:upto])
-            done = upto
-    if done < total:
-        waves.append(nodes[done:])
-    return waves
-
-
 @dataclass
 class WavesResult(PushResult):
     """A push in waves: ``finished`` waves of ``waves``; nodes of later waves untouched."""
@@ -289,50 +267,22 @@ class WavesResult(PushResult):
 def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
                      keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
                      on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> WavesResult:
-    """Write the plan wave by wave (``spec`` as ``parse_waves`` reads it): each wave is
-    written, restarted and health-checked (``execute``) before the next begins. A failed
-    node rolls back its wave (unless ``keep_going``) and stops the push: later waves are
-    not written, and their nodes get a "cancelled" record saying where the push stopped.
+    """Write the plan wave by wave (see ``ops/waves.run_waves``): each wave is written,
+    restarted and health-checked (``execute``) before the next begins. A failed node
+    rolls back its wave (unless ``keep_going``) and stops the push: later waves are not
+    written, and their nodes get a "cancelled" record saying where the push stopped.
     ``between(next_wave_index, its nodes)`` may stop the push between waves (False)."""
-    if plan.conflicts or (plan.errors and not keep_going):
+    if plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
         apply_push(store, plan)  # raises the refusal
-    steps = parse_waves(spec)
-    ready = [n for n in plan.nodes if n.error is None and n.writes]
-    waves = split_waves(ready, steps)
     patch = plan.patch
-    record = Record("push", f"push {patch.name}", {})
-    result = WavesResult(plan, waves=[[n.node for n in wave] for wave in waves], spec=spec)
-    for index, wave in enumerate(waves):
-        if index and between is not None and not between(index, [n.node for n in wave]):
-            break
-        record.meta = {"patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None,
-                       "force": plan.force, "waves": spec, "wave": index + 1, "of_waves": len(waves),
-                       "waves_finished": index,
-                       **({"hooks": {n.node: hooks[n.node].to_json() for n in wave if hooks.get(n.node)}}
-                          if hooks else {})}
-        runs = execute(store, wave, record, keep_going=keep_going, hooks=hooks)
-        result.nodes.extend(runs)
-        if on_wave is not None:
-            on_wave(index, runs)
-        if any(run.state != "done" for run in runs) or interrupt.requested():
-            break
-        result.finished = index + 1
-    if result.stopped:
-        reached = {r.node for r in result.nodes}
-        untouched = [n for wave in waves for n in wave if n.node not in reached]
-        rows = []
-        for node in untouched:
-            head = store.ref(refs.node_ref(node.node))
-            rows.append({"node": node.node, "state": "cancelled", "tree": head, "before": head, "after": head,
-                         "written": 0, "deleted": 0, "waves": spec, "of_waves": len(waves),
-                         "waves_finished": result.finished,
-                         "error": f"not written: the push stopped after {result.finished} of {len(waves)} wave(s)"})
-            result.nodes.append(NodeRun(node.node, "cancelled", head, head))
-        if rows:
-            with store.lock():
-                for node, commit in write_records(store, record, rows).items():
-                    next(r for r in result.nodes if r.node == node).record = commit
-    return result
+    record = Record("push", f"push {patch.name}", {
+        "patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None, "force": plan.force,
+        **_broken_meta(plan), **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}} if hooks else {})})
+    ready = [n for n in plan.nodes if n.error is None and n.writes]
+    outcome = run_waves(store, ready, spec, record,
+                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks),
+                        between, on_wave)
+    return WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec)
 
 
 def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,

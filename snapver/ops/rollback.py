@@ -8,14 +8,16 @@ repairs a push that was killed half-way. Same plan/apply path as push."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from snapver.config import Config
 from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
-from snapver.ops.plan import Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, first_of, \
-    last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.plan import MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, \
+    first_of, last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Store
@@ -95,6 +97,9 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     prior = newest_record(store, spec.name)
     plan = RollbackPlan(NodePlan(spec), target, reason, prior if prior and prior.interrupted else None,
                         len(manifest) - len(wanted), force)
+    if to is None and prior is not None and prior.action == "push" and prior.state == "cancelled":
+        plan.node.notes.append(f"the newest push ({prior.patch}) never reached {spec.name} (its rollout stopped "
+                               f"in waves): this undoes the push before it")
     try:
         plan.node.transport = open_node(spec)
         if wrote is not None:
@@ -140,3 +145,88 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
         return NodeRun(plan.node.node, "done", head, head, commit[plan.node.node])
     runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks)
     return runs[0]
+
+
+# -- several nodes, in waves -------------------------------------------------------------
+@dataclass
+class RollbacksResult:
+    """Several nodes rolled back at once, or in waves (``waves``: where the rollout got to)."""
+
+    plans: list[RollbackPlan]
+    runs: list[NodeRun] = field(default_factory=list)
+    waves: WavesOutcome | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return max((run.exit_code for run in self.runs), default=0)
+
+    def run_of(self, node: str) -> NodeRun | None:
+        return next((run for run in self.runs if run.node == node), None)
+
+    def to_json(self) -> dict[str, Any]:
+        nodes = []
+        for plan in self.plans:
+            run = self.run_of(plan.node.node)
+            nodes.append({**plan.to_json(), "result": run.to_json() if run else None})
+        return {"nodes": nodes, **(self.waves.to_json() if self.waves else {}), "exit_code": self.exit_code}
+
+
+def plan_rollbacks(store: Store, config: Config, targets: list[str], to: str | None = None,
+                   force: bool = False) -> list[RollbackPlan]:
+    """``plan_rollback`` for every node of ``targets`` (nodes or groups), asked in parallel;
+    the first node that cannot be planned refuses them all (the others' connections closed)."""
+    specs = config.select(targets, False)
+    with ThreadPoolExecutor(max(1, min(MAX_PARALLEL, len(specs)))) as pool:
+        futures = [pool.submit(plan_rollback, store, config, spec.name, to, force) for spec in specs]
+    plans, failures = [], []
+    for future in futures:
+        try:
+            plans.append(future.result())
+        except SnapverError as exc:
+            failures.append(exc)
+    if failures:
+        for plan in plans:
+            plan.close()
+        raise failures[0]
+    return plans
+
+
+def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Hooks] | None = None,
+                    waves: str | None = None, between: Callable[[int, list[str]], bool] | None = None,
+                    on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> RollbacksResult:
+    """Write every plan: all at once, or in ``waves`` (see ``ops/waves.run_waves``: each
+    wave restored, restarted and health-checked before the next; a node that fails stops
+    the rollout, later waves untouched and recorded "cancelled"). One node's failure never
+    undoes another node's rollback. Refuses, with nothing written, when any plan has
+    conflicts; a plan with nothing to write only closes an interrupted push's record."""
+    conflicted = [plan for plan in plans if plan.node.conflicts]
+    if conflicted:
+        paths = [f"{plan.node.node}:{step.path}" for plan in conflicted for step in plan.node.conflicts]
+        raise ConflictError(f"rollback refused: {len(paths)} file(s) changed since the push wrote them: "
+                            f"{first_of(paths)}; nothing was written",
+                            hint=f"see them with `snapver diff {conflicted[0].node.node}`; --force restores them "
+                                 "anyway")
+    result = RollbacksResult(plans)
+    for plan in plans:
+        if plan.nothing_to_do and plan.interrupted is not None:
+            repaired = apply_rollback(store, plan)
+            if repaired is not None:
+                result.runs.append(repaired)
+    busy = [plan for plan in plans if not plan.nothing_to_do]
+    if not busy:
+        return result
+    targets = {plan.target for plan in busy}
+    record = Record("rollback", f"rollback to {next(iter(targets))[:10]}" if len(targets) == 1 else "rollback",
+                    {"patch": None}, per_node={plan.node.node: {"target": plan.target, "reason": plan.reason}
+                                               for plan in busy})
+
+    def run_wave(wave: list[NodePlan]) -> list[NodeRun]:
+        # keep_going: a node that fails is no reason to put the push back on the others.
+        return execute(store, wave, record, keep_going=True, undo_failed=False, hooks=hooks)
+
+    if waves is None:
+        result.runs.extend(run_wave([plan.node for plan in busy]))
+    else:
+        result.waves = run_waves(store, [plan.node for plan in busy], waves, record, run_wave, between, on_wave)
+        result.runs.extend(result.waves.runs)
+    return result

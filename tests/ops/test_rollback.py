@@ -105,7 +105,7 @@ def test_rollback_defaults_to_before_the_last_push(make_site_packages, write_con
     refused = run_snapver("rollback", "n1", "--yes")
     assert refused.code == 2 and "no push to n1 is recorded" in refused.err and "--to" in refused.err, refused
     unknown = run_snapver("rollback", "ghost", "--yes")
-    assert unknown.code == 2 and "unknown node 'ghost'" in unknown.err
+    assert unknown.code == 2 and "unknown node or group 'ghost'" in unknown.err
 
     config = load_config(str(config_path))
     for name, rel in (("p1", "sglang/srt/a.py"), ("p2", "sglang/srt/b.py")):
