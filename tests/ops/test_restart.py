@@ -1,14 +1,18 @@
 """Patches that reach the running server (issue 16): `snapver ps`, restart-needed lines after
-push, restart and health hooks, on real long-running processes.
+push, restart and health hooks, canary waves, on real long-running processes.
 
-Each node is a real venv (``python -m venv``) whose site-packages holds a small sglang-like
-tree; its server is a real HTTP server started from the venv's python that imports a
-module of the tree and serves ``/health``. The servers are started by ``serve.sh`` (the
-same script the restart hook runs) and killed at teardown.
+Each node is a real venv. The key tests (``real=True``) use a venv made once per module
+with ``python -m venv`` and ``pip install --no-deps --no-index`` of the fixture sglang wheel,
+copied (``cp -a``) to each node; the others a small sglang-like tree in a bare venv (fast).
+A node's server is a real HTTP server started from the venv's python that imports a module
+of the tree (``sglang.srt.environ`` in the real tree: standard library only) and serves
+``/health``. The servers are started by ``serve.sh`` (the same script the restart hook
+runs) and killed at teardown.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from conftest import _find_wheel
 from helpers import tree_hashes
 
 from snapver.config import load_config
@@ -29,18 +34,28 @@ from snapver.ops.patch import import_patch
 from snapver.ops.pull import pull as pull_nodes
 from snapver.store.repo import Store
 
-MODULE = "sglang/srt/app_mod.py"
+SYNTHETIC_MODULE = "sglang/srt/app_mod.py"
+REAL_MODULE = "sglang/srt/environ.py"  # imports nothing but the standard library
 SERVER = '''\
+import importlib
+import os
 import sys
+import sysconfig
+import types
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-import sglang.srt.app_mod as app_mod  # the tree's code: a broken module fails the start
+# sglang/__init__.py imports numpy and torch, which the venv lacks: the server imports one
+# module of the tree through the import system, under an empty parent package.
+package = types.ModuleType("sglang")
+package.__path__ = [os.path.join(sysconfig.get_paths()["purelib"], "sglang")]
+sys.modules["sglang"] = package
+module = importlib.import_module(sys.argv[2])  # the tree's code: a broken module fails the start
 
 
 class Health(BaseHTTPRequestHandler):
     def do_GET(self):
         code = {"/health": 200, "/fail": 500}.get(self.path, 404)
-        body = ("value %s" % app_mod.VALUE).encode()
+        body = ("value %s" % getattr(module, "VALUE", 1)).encode()
         self.send_response(code)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -52,15 +67,15 @@ class Health(BaseHTTPRequestHandler):
 
 HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 '''
-# serve.sh PORT PIDFILE: stop the server of PIDFILE (if any), start a new one in its own session.
+# serve.sh PORT PIDFILE MODULE: stop the server of PIDFILE (if any), start a new one in its own session.
 SERVE = '''\
-port=$1; pidfile=$2; here=$(dirname "$0")
+port=$1; pidfile=$2; module=$3; here=$(dirname "$0")
 if [ -f "$pidfile" ]; then
   old=$(cat "$pidfile"); kill "$old" 2>/dev/null
   # (a killed server is reparented to pid 1, which may leave it a zombie a while: that is gone)
   while [ -d "/proc/$old" ] && [ "$(cut -d' ' -f3 "/proc/$old/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
 fi
-setsid "$here/venv/bin/python" "$here/server.py" "$port" </dev/null >>"$here/server-$port.log" 2>&1 &
+setsid "$here/venv/bin/python" "$here/server.py" "$port" "$module" </dev/null >>"$here/server-$port.log" 2>&1 &
 echo $! > "$pidfile"
 '''
 
@@ -89,18 +104,48 @@ def wait_health(port: int, want: str | None = None, seconds: float = 15) -> str:
     raise AssertionError(f"no healthy server on {port} (want {want!r})")
 
 
-class VenvNode:
-    """A venv on disk (site-packages = its own), its serve.sh and the servers started from it."""
+@pytest.fixture(scope="module")
+def sglang_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real venv with the fixture sglang wheel pip-installed (no dependencies, no index,
+    no network, no bytecode: the nodes' servers compile what they import). Made once per
+    module (4-9 s here, more under load) and linked into each node (see ``VenvNode``)."""
+    venv = tmp_path_factory.mktemp("sglang-venv") / "venv"
+    # The venv has no pip of its own (ensurepip, or pip re-run under the venv's python by
+    # `pip --python`, each cost seconds more); this pip installs into its prefix the same
+    # site-packages files (only the console scripts' #! lines name this python instead).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--prefix", str(venv), "--no-deps", "--no-index",
+                    "--no-compile", "--disable-pip-version-check", "--root-user-action=ignore", str(_find_wheel())],
+                   check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    return venv
 
-    def __init__(self, root: Path) -> None:
+
+class VenvNode:
+    """A venv on disk (site-packages = its own), its serve.sh and the servers started from it:
+    a copy of ``template`` (the real sglang venv), else a bare venv with a small tree."""
+
+    def __init__(self, root: Path, template: Path | None = None) -> None:
         self.root = root
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         self.site = root / "venv" / "lib" / version / "site-packages"
-        for rel, text in {"sglang/__init__.py": "", "sglang/srt/__init__.py": "",
-                          MODULE: "VALUE = 1\n", "sglang/srt/other.py": "X = 1\n"}.items():
-            (self.site / rel).parent.mkdir(parents=True, exist_ok=True)
-            (self.site / rel).write_text(text)
+        if template is not None:
+            root.mkdir(parents=True)
+            # Hard links: a full copy costs seconds per node under load. Pushes replace files
+            # (a new inode, renamed in), never write one in place; the module the tests patch
+            # gets an inode of its own, so that replacing it on one node leaves the others'
+            # ctime alone (ps reads ctimes).
+            subprocess.run(["cp", "-al", str(template), str(root / "venv")], check=True)
+            own = self.site / REAL_MODULE
+            subprocess.run(["cp", "-p", str(own), f"{own}.copy"], check=True)
+            os.replace(f"{own}.copy", own)
+            self.module = REAL_MODULE
+        else:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+            for rel, text in {"sglang/__init__.py": "", "sglang/srt/__init__.py": "",
+                              SYNTHETIC_MODULE: "VALUE = 1\n", "sglang/srt/other.py": "X = 1\n"}.items():
+                (self.site / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.site / rel).write_text(text)
+            self.module = SYNTHETIC_MODULE
         (root / "server.py").write_text(SERVER)
         (root / "serve.sh").write_text(SERVE)
         self.pidfiles: list[Path] = []
@@ -109,7 +154,8 @@ class VenvNode:
         pidfile = self.root / f"{name}.pid"
         if pidfile not in self.pidfiles:
             self.pidfiles.append(pidfile)
-        return f"sh {self.root}/serve.sh {port} {pidfile}"
+        dotted = self.module[:-len(".py")].replace("/", ".")
+        return f"sh {self.root}/serve.sh {port} {pidfile} {dotted}"
 
     def start(self, port: int, name: str = "server") -> int:
         subprocess.run(self.restart_command(port, name), shell=True, check=True)
@@ -124,17 +170,26 @@ class VenvNode:
                 pass
 
 
+def appended(path: str, before: str, line: str) -> bytes:
+    """A unified diff adding ``line`` at the end of ``path`` (content ``before``)."""
+    after = before + line
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        f"a/{path}", f"b/{path}")).encode()
+
+
 @pytest.fixture
-def venv_nodes(tmp_path, write_config, ssh_node, isolated_env):
-    """``make(names, **node_extra)`` → (nodes, config path, store): snapshotted venv nodes and
-    patch `bump` (VALUE = 2) and `breaks` (an import error) for all of them."""
+def venv_nodes(tmp_path, write_config, ssh_node, isolated_env, request):
+    """``make(names, real=False, **node_extra)`` → (nodes, config path, store): snapshotted venv
+    nodes (``real``: copies of the pip-installed sglang venv) and patches `bump` (VALUE = 2
+    at the end of the server's module) and `breaks` (an ImportError there) for all of them."""
     made: list[VenvNode] = []
 
     def make(names: list[str], diffs: dict[str, bytes] | None = None, defaults: dict | None = None,
-             per_node: Callable[[VenvNode], dict] | None = None, **extra: object):
+             per_node: Callable[[VenvNode], dict] | None = None, real: bool = False, **extra: object):
+        template = request.getfixturevalue("sglang_venv") if real else None
         nodes = {}
         for name in names:
-            node = VenvNode(tmp_path / "nodes" / name)
+            node = VenvNode(tmp_path / "nodes" / name, template)
             made.append(node)
             nodes[name] = node
         config_path = write_config({n: ssh_node(n, v.site, **extra, **(per_node(v) if per_node else {}))
@@ -142,9 +197,10 @@ def venv_nodes(tmp_path, write_config, ssh_node, isolated_env):
         config = load_config(str(config_path))
         store = Store.open_or_create(config.store_path)
         assert pull_nodes(store, config.select(["all"])).exit_code == 0
-        patches = {"bump": b"--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n" % ((MODULE.encode(),) * 2),
-                   "breaks": b"--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-VALUE = 1\n+raise ImportError('broken')\n"
-                             % ((MODULE.encode(),) * 2), **(diffs or {})}
+        first = nodes[names[0]]
+        source = (first.site / first.module).read_text()
+        patches = {"bump": appended(first.module, source, "VALUE = 2\n"),
+                   "breaks": appended(first.module, source, "raise ImportError('broken')\n"), **(diffs or {})}
         for patch, diff in patches.items():
             import_patch(store, config, patch, diff, f"{patch}.diff", names[0], ("all",))
         return nodes, config_path, isolated_env / "snapshots"
@@ -161,7 +217,7 @@ def ps_json(run_snapver, *targets: str) -> dict:
 
 
 def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(venv_nodes, run_snapver):
-    nodes, _, _ = venv_nodes(["ct200"])
+    nodes, _, _ = venv_nodes(["ct200"], real=True)
     node = nodes["ct200"]
     old_port, new_port = free_port(), free_port()
     old_pid = node.start(old_port, "old")
@@ -192,12 +248,12 @@ def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(ven
     found = ps_json(run_snapver, "ct200")["ct200"]
     by_pid = {p["pid"]: p for p in found["processes"]}
     assert set(by_pid) == {old_pid, new_pid}, found
-    assert by_pid[old_pid]["restart_needed"] is True and by_pid[old_pid]["files"] == [MODULE]
+    assert by_pid[old_pid]["restart_needed"] is True and by_pid[old_pid]["files"] == [node.module]
     assert by_pid[new_pid]["restart_needed"] is False and by_pid[new_pid]["files"] == []
     assert found["restart_needed"] == 1
 
     text = run_snapver("ps", "ct200")
-    assert text.code == 0 and "1 need a restart" in text.out and f"{MODULE}: may run old code" in text.out, text
+    assert text.code == 0 and "1 need a restart" in text.out and f"{node.module}: may run old code" in text.out, text
 
 
 def test_secret_looking_values_are_masked_on_the_node():
@@ -259,7 +315,7 @@ def test_a_patch_that_breaks_the_import_fails_health_and_is_rolled_back_and_rest
         return {"restart": node.restart_command(port), "health_url": f"http://127.0.0.1:{port}/health",
                 "health_timeout": 3}
 
-    nodes, _, store = venv_nodes(["ct200"], per_node=hooks)
+    nodes, _, store = venv_nodes(["ct200"], per_node=hooks, real=True)
     node, port = nodes["ct200"], ports["ct200"]
     node.start(port)
     original = tree_hashes(node.site)
@@ -343,7 +399,7 @@ def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
                 "health_timeout": 3}
 
     names = ["fleet00", "fleet01", "fleet02", "fleet03"]
-    nodes, _, store = venv_nodes(names, per_node=hooks)
+    nodes, _, store = venv_nodes(names, per_node=hooks, real=True)
     pids = {name: nodes[name].start(ports[name]) for name in names}
     original = {name: tree_hashes(nodes[name].site) for name in names}
 
