@@ -476,3 +476,26 @@ def test_bad_wave_specs_exit_2_with_nothing_written(spec, venv_nodes, run_snapve
     assert {name: tree_hashes(node.site) for name, node in nodes.items()} == before
     no_record = subprocess.run(["git", "--git-dir", str(store), "show-ref", "--verify", "-q", "refs/heads/pushes/ct200"])
     assert no_record.returncode != 0  # no push record: nothing was started
+
+
+@pytest.mark.parametrize("answer", ["n", "y"])
+def test_a_terminal_is_asked_between_waves(answer, venv_nodes):
+    """On a terminal without --yes, each wave after the first waits for a yes: 'n' stops the
+    push with the first wave kept patched, 'y' goes on."""
+    from terminal import run_in_terminal
+
+    nodes, _, store = venv_nodes(["ct200", "ct129"])
+    original = tree_hashes(nodes["ct129"].site)
+    shown = run_in_terminal("--no-color", "push", "bump", "--waves", "1,100%",
+                            replies=[(b"[y/N]: ", b"y\n"), (b"start wave 2 (ct129)? [y/N]: ", answer.encode() + b"\n")],
+                            timeout=60)
+    assert "wave 1: ct200" in shown.text and "start wave 2 (ct129)? [y/N]: " in shown.text, shown
+    assert (nodes["ct200"].site / nodes["ct200"].module).read_text().endswith("VALUE = 2\n")
+    if answer == "n":
+        assert shown.code == 1, shown
+        assert "push stopped after 1 of 2 wave(s) finished; not written: ct129" in shown.text, shown
+        assert tree_hashes(nodes["ct129"].site) == original
+        assert [records(store, name)[0]["state"] for name in ("ct200", "ct129")] == ["done", "cancelled"]
+    else:
+        assert shown.code == 0 and "wave 2: ct129" in shown.text and "all 2 wave(s) finished" in shown.text, shown
+        assert (nodes["ct129"].site / nodes["ct129"].module).read_text().endswith("VALUE = 2\n")
