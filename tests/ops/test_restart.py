@@ -499,3 +499,52 @@ def test_a_terminal_is_asked_between_waves(answer, venv_nodes):
     else:
         assert shown.code == 0 and "wave 2: ct129" in shown.text and "all 2 wave(s) finished" in shown.text, shown
         assert (nodes["ct129"].site / nodes["ct129"].module).read_text().endswith("VALUE = 2\n")
+
+
+def test_rollback_in_waves_stops_at_a_failed_wave(venv_nodes, run_snapver):
+    """`rollback all --waves 1,100%`: each wave restored, restarted and healthy before the
+    next; a node whose restart fails stops the rollback, later waves stay as they were and
+    their records (and `status`) say where it stopped."""
+    ports = {}
+
+    def hooks(node: VenvNode) -> dict:
+        ports[node.root.name] = port = free_port()
+        # The restart fails (after starting the server) while the node's fail-next file exists.
+        return {"restart": f"{node.restart_command(port)} && [ ! -e {node.root}/fail-next ]",
+                "health_url": f"http://127.0.0.1:{port}/health", "health_timeout": 3}
+
+    names = ["fleet00", "fleet01", "fleet02"]
+    nodes, _, store = venv_nodes(names, per_node=hooks)
+    for name in names:
+        nodes[name].start(ports[name])
+    original = {name: tree_hashes(nodes[name].site) for name in names}
+    assert run_snapver("push", "bump", "--yes").code == 0
+    assert {name: health(ports[name]) for name in names} == dict.fromkeys(names, "value 2")
+
+    (nodes["fleet00"].root / "fail-next").touch()
+    result = run_snapver("rollback", "all", "--waves", "1,100%", "--yes")
+    assert result.code == 3, result
+    assert "wave 1: fleet00" in result.out and "wave 2" not in result.out, result
+    assert "rollback stopped after 0 of 2 wave(s) finished; not written: fleet01, fleet02" in result.err, result
+    assert tree_hashes(nodes["fleet00"].site) == original["fleet00"]  # restored: a rollback is never undone
+    for name in names[1:]:
+        assert tree_hashes(nodes[name].site) != original[name] and health(ports[name]) == "value 2", name
+        record = records(store, name)[0]
+        assert (record["action"], record["state"], record["waves_finished"]) == ("rollback", "cancelled", 0)
+    assert records(store, "fleet00")[0]["state"] == "failed"
+    status = run_snapver("status", "fleet01")
+    assert "fleet01: last rollback cancelled" in status.out and "the rollback stopped after 0 of 2 wave(s)" \
+        in status.out, status
+
+    (nodes["fleet00"].root / "fail-next").unlink()
+    result = run_snapver("rollback", "fleet01", "fleet02", "--waves", "1,100%", "--yes", "--json")
+    assert result.code == 0, result
+    document = json.loads(result.out)
+    assert (document["waves"], document["waves_finished"], document["stopped"]) == ([["fleet01"], ["fleet02"]], 2,
+                                                                                     False)
+    assert [node["result"]["state"] for node in document["nodes"]] == ["done", "done"]
+    for name in names:
+        assert tree_hashes(nodes[name].site) == original[name], name
+        assert wait_health(ports[name]) == "value 1"
+    waves = [(records(store, name)[0]["wave"], records(store, name)[0]["push_id"]) for name in names[1:]]
+    assert [wave for wave, _ in waves] == [1, 2] and waves[0][1] == waves[1][1], waves  # one rollback, two waves
