@@ -281,9 +281,16 @@ def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> No
     from snapver.ops.ps import processes_of
 
     try:
-        row.restart_needed = len(processes_of(transport, spec).needing_restart)
+        found = processes_of(transport, spec)
     except SnapverError as exc:
         row.restart_error = exc.message
+        return
+    row.restart_needed = len(found.needing_restart)
+    if found.hidepid and not row.restart_needed:
+        # Other users' processes (the server's, often) are hidden: 0 would claim too much.
+        row.restart_needed = None
+        row.restart_error = (f"/proc is mounted with {found.hidepid}: processes of other users are hidden from "
+                             "the SSH user")
 
 
 def _unknown_blobs(rows: list[NodeStatus], digests: ContentDigests) -> dict[str, dict[str, int]]:

@@ -1285,15 +1285,24 @@ def _hidepid():
     """The hidepid option /proc is mounted with ("" when none)."""
     try:
         with open("/proc/mounts") as handle:
-            for line in handle:
-                parts = line.split()
-                if len(parts) > 3 and parts[1] == "/proc" and parts[2] == "proc":
-                    for option in parts[3].split(","):
-                        if option.startswith("hidepid=") and option not in ("hidepid=0", "hidepid=off"):
-                            return option
+            return hidepid_of(handle.read())
     except OSError:
-        pass
-    return ""
+        return ""
+
+
+def hidepid_of(mounts):
+    """The hidepid option of the proc mount on /proc in ``mounts`` (the text of
+    /proc/mounts; "" when none). The last mount on /proc is the one in effect (a proc
+    mounted over another, as in a container)."""
+    found = ""
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[1] == "/proc" and parts[2] == "proc":
+            found = ""
+            for option in parts[3].split(","):
+                if option.startswith("hidepid=") and option not in ("hidepid=0", "hidepid=off"):
+                    found = option
+    return found
 
 
 def _own_lineage():

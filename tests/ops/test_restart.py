@@ -185,11 +185,12 @@ def venv_nodes(tmp_path, write_config, ssh_node, isolated_env, request):
     made: list[VenvNode] = []
 
     def make(names: list[str], diffs: dict[str, bytes] | None = None, defaults: dict | None = None,
-             per_node: Callable[[VenvNode], dict] | None = None, real: bool = False, **extra: object):
+             per_node: Callable[[VenvNode], dict] | None = None, real: bool = False, where: Path | None = None,
+             **extra: object):
         template = request.getfixturevalue("sglang_venv") if real else None
         nodes = {}
         for name in names:
-            node = VenvNode(tmp_path / "nodes" / name, template)
+            node = VenvNode((where or tmp_path / "nodes") / name, template)
             made.append(node)
             nodes[name] = node
         config_path = write_config({n: ssh_node(n, v.site, **extra, **(per_node(v) if per_node else {}))
@@ -548,3 +549,68 @@ def test_rollback_in_waves_stops_at_a_failed_wave(venv_nodes, run_snapver):
         assert wait_health(ports[name]) == "value 1"
     waves = [(records(store, name)[0]["wave"], records(store, name)[0]["push_id"]) for name in names[1:]]
     assert [wave for wave, _ in waves] == [1, 2] and waves[0][1] == waves[1][1], waves  # one rollback, two waves
+
+
+def test_hidepid_mounts_are_read_from_the_last_proc_mount():
+    from snapver.transport.agent import hidepid_of
+
+    plain = "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
+    assert hidepid_of(plain) == ""
+    assert hidepid_of("sysfs /sys sysfs rw 0 0\nproc /proc proc rw,relatime,hidepid=2 0 0\n") == "hidepid=2"
+    assert hidepid_of("proc /proc proc rw,hidepid=0 0 0\n") == ""
+    # Stacked mounts (a container's /proc over the host's): the last one is in effect.
+    assert hidepid_of(plain + "proc /proc proc rw,relatime,hidepid=invisible 0 0\n") == "hidepid=invisible"
+    assert hidepid_of("proc /proc proc rw,relatime,hidepid=invisible 0 0\n" + plain) == ""
+    assert hidepid_of("proc /mnt/proc proc rw,hidepid=2 0 0\n" + plain) == ""
+
+
+# The SSH user's python, run as nobody in a mount namespace whose /proc is a new proc mount
+# with hidepid=2 (the machine's processes, but only its own visible): what a node with a
+# hardened /proc shows a non-root SSH user.
+HIDDEN_PYTHON = """#!/bin/sh
+exec unshare --mount sh -c 'mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 --regid=65534 \\
+  --clear-groups /usr/bin/python3 "$@"' sh "$@"
+"""
+
+
+@pytest.fixture
+def world_readable_dir():
+    """A folder nobody can reach (pytest's own are root's alone), removed afterwards."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="snapver-hidepid-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_node_whose_proc_hides_other_users_processes(venv_nodes, run_snapver, world_readable_dir):
+    """For real: the agent runs as nobody over SSH with /proc mounted hidepid=2, the server as
+    root. ps lists nothing and says why; push writes and warns; status shows '?' with why."""
+    wrapper = world_readable_dir / "python"
+    wrapper.write_text(HIDDEN_PYTHON)
+    wrapper.chmod(0o755)
+    check = subprocess.run([str(wrapper), "-c", "import os; print(os.getuid())"], capture_output=True, text=True)
+    assert check.stdout.strip() == "65534", check  # the machine lets root make such a mount
+
+    nodes, _, store = venv_nodes(["ct200"], where=world_readable_dir, python=str(wrapper))
+    node = nodes["ct200"]
+    subprocess.run(["chown", "-R", "65534:65534", str(node.site / "sglang")], check=True)  # nobody deploys
+    port = free_port()
+    pid = node.start(port)  # as root
+
+    found = ps_json(run_snapver, "ct200")["ct200"]
+    assert found["processes"] == [] and found["hidepid"].startswith("hidepid="), found  # the server is hidden
+    text = run_snapver("ps", "ct200")
+    assert text.code == 0 and f"ct200: /proc is mounted with {found['hidepid']}: processes of other users are " \
+        "hidden from the SSH user and not listed" in text.err, text
+
+    result = run_snapver("push", "bump", "--yes")
+    assert result.code == 0 and "ct200: /proc is mounted with hidepid=" in result.err, result
+    assert (node.site / node.module).read_text() == "VALUE = 1\nVALUE = 2\n"
+    assert records(store, "ct200")[0]["state"] == "done"
+    status = run_snapver("status", "ct200", "--json")
+    row = json.loads(status.out)["nodes"][0]
+    assert row["restart_needed"] is None and "hidden from the SSH user" in row["restart_error"], row
+    assert os.path.exists(f"/proc/{pid}")  # the server it could not see still runs
