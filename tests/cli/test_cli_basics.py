@@ -405,7 +405,7 @@ def test_every_help_has_examples_and_one_spelling_of_arguments(run_snapver) -> N
     assert usages["pull"] == "pull [OPTIONS] [NODE|GROUP]..."
     assert usages["status"] == "status [OPTIONS] [NODE|GROUP]... [-- PATH...]"
     assert usages["push"] == "push [OPTIONS] PATCH [NODE|GROUP]..."
-    assert usages["rollback"] == "rollback [OPTIONS] NODE"
+    assert usages["rollback"] == "rollback [OPTIONS] NODE|GROUP..."
     assert usages["patch show"] == "patch show [OPTIONS] PATCH"
     assert usages["patch capture"] == "patch capture [OPTIONS] PATCH NODE"
 
