@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from conftest import _find_wheel
 from helpers import tree_hashes
+from wheelkit import make_venv, pip_install
 
 from snapver.config import load_config
 from snapver.ops.patch import import_patch
@@ -108,15 +108,13 @@ def wait_health(port: int, want: str | None = None, seconds: float = 15) -> str:
 def sglang_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real venv with the fixture sglang wheel pip-installed (no dependencies, no index,
     no network, no bytecode: the nodes' servers compile what they import). Made once per
-    module (4-9 s here, more under load) and linked into each node (see ``VenvNode``)."""
+    module (5-25 s here, with the load) and linked into each node (see ``VenvNode``)."""
+    wheels = sorted((Path(__file__).resolve().parents[3] / "shared" / "fixtures").glob("sglang-*.whl"))
+    if not wheels:
+        pytest.fail("no sglang wheel in ../shared/fixtures beside the repo")
     venv = tmp_path_factory.mktemp("sglang-venv") / "venv"
-    # The venv has no pip of its own (ensurepip, or pip re-run under the venv's python by
-    # `pip --python`, each cost seconds more); this pip installs into its prefix the same
-    # site-packages files (only the console scripts' #! lines name this python instead).
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--prefix", str(venv), "--no-deps", "--no-index",
-                    "--no-compile", "--disable-pip-version-check", "--root-user-action=ignore", str(_find_wheel())],
-                   check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    python, _ = make_venv(venv)
+    pip_install(python, wheels[-1])
     return venv
 
 
