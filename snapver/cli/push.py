@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -13,6 +13,7 @@ from snapver.cli.render import console, emit_json, escape, show_path
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan, NodeRun
+    from snapver.ops.rollback import RollbackPlan, RollbacksResult
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
 
@@ -357,16 +358,15 @@ def rollback(
     return result.exit_code
 
 
-def _rollback_json(plans: list, single: bool, dry_run: bool, exit_code: int, result: "object" = None) -> dict:
+def _rollback_json(plans: "list[RollbackPlan]", single: bool, dry_run: bool, exit_code: int,
+                   result: "RollbacksResult | None" = None) -> dict[str, Any]:
     """One node without waves: that node's plan and result (as before several nodes could be
     named); else ``nodes``, each a plan with its result, and the waves' outcome."""
-    from snapver.ops.rollback import RollbacksResult
-
     if single:
-        run = result.run_of(plans[0].node.node) if isinstance(result, RollbacksResult) else None
+        run = result.run_of(plans[0].node.node) if result is not None else None
         return {**plans[0].to_json(), "dry_run": dry_run, "result": run.to_json() if run else None,
                 "exit_code": exit_code}
-    if isinstance(result, RollbacksResult):
+    if result is not None:
         return {**result.to_json(), "dry_run": dry_run}
     return {"nodes": [{**plan.to_json(), "result": None} for plan in plans], "dry_run": dry_run,
             "exit_code": exit_code}

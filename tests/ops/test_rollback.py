@@ -118,9 +118,11 @@ def test_rollback_defaults_to_before_the_last_push(make_site_packages, write_con
             after_p1 = tree_hashes(site)
     assert (site / "sglang/srt/b.py").read_text() == "b = 2\n"
 
-    result = run_snapver("rollback", "n1", "--yes")
+    result = run_snapver("rollback", "n1", "--yes", "--json")
     assert result.code == 0, result
-    assert "before the push of p2" in result.out
+    document = json.loads(result.out)  # one node: the one-node document, as before several could be named
+    assert (document["node"], document["result"]["state"]) == ("n1", "done") and "before the push of p2" \
+        in document["reason"], document
     assert tree_hashes(site) == after_p1
     again = run_snapver("rollback", "n1", "--yes")
     assert again.code == 0 and "nothing to do" in again.out
@@ -143,3 +145,33 @@ def test_rollback_refuses_a_node_changed_after_its_plan(make_site_packages, writ
     assert (site / "sglang/srt/a.py").read_text() == "a = 2\n"
     assert (site / "sglang/srt/b.py").read_text() == "b = 'meanwhile'\n"
     assert records(isolated_env / "snapshots", "n1")[0]["state"] == "failed"
+
+
+def test_rollback_of_a_node_a_stopped_push_never_reached_warns(make_site_packages, write_config, local_node,
+                                                              isolated_env):
+    """n2's newest record is a push that stopped in waves before it: undoing "the last push"
+    there undoes the push before, and the plan says so."""
+    from snapver.ops.push import apply_push_waves
+
+    sites = {name: make_site_packages(name, files={"sglang/srt/a.py": "a = 1\n"}) for name in ("n1", "n2")}
+    config_path = write_config({name: local_node(site) for name, site in sites.items()}, groups={"all": ["n1", "n2"]})
+    config = load_config(str(config_path))
+    store = Store.open_or_create(config.store_path)
+    assert pull(store, config.select(["all"])).exit_code == 0
+    def patch(name: str, old: str, new: str) -> None:  # on n1's newest snapshot
+        diff = f"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-a = {old}\n+a = {new}\n".encode()
+        import_patch(store, config, name, diff, name, "n1", ["all"])
+
+    patch("p1", "1", "2")
+    with plan_push(store, config, "p1") as plan:
+        assert [run.state for run in apply_push(store, plan).nodes] == ["done", "done"]
+    patch("p2", "2", "3")
+    with plan_push(store, config, "p2") as plan:
+        stopped = apply_push_waves(store, plan, "1,100%", between=lambda index, names: False)
+    assert [(run.node, run.state) for run in stopped.nodes] == [("n1", "done"), ("n2", "cancelled")]
+    with plan_rollback(store, config, "n2") as plan:
+        assert plan.node.notes == ["the newest push (p2) never reached n2 (its rollout stopped in waves): this "
+                                   "undoes the push before it"]
+        assert "before the push of p1" in plan.reason
+    with plan_rollback(store, config, "n1") as plan:
+        assert plan.node.notes == [] and "before the push of p2" in plan.reason
