@@ -424,8 +424,8 @@ def _waves_note(meta: dict[str, Any]) -> str | None:
     its node's wave finished)."""
     if not meta.get("waves") or meta.get("state") == "done":
         return None
-    return (f"the {meta.get('action', 'push')} stopped after {meta.get('waves_finished', 0)} of {meta.get('of_waves', '?')} wave(s) "
-            f"({meta['waves']})")
+    return (f"the {meta.get('action', 'push')} stopped after {meta.get('waves_finished', 0)} of "
+            f"{meta.get('of_waves', '?')} wave(s) ({meta['waves']})")
 
 
 def newest_record(store: Store, node: str, check_lock: bool = True) -> PushState | None:
