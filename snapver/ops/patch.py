@@ -125,7 +125,7 @@ def _with_kept(files: list[PatchFile], tree: Manifest, keeps: list[str]) -> list
 def with_warnings(store: Store, patch: Patch) -> Patch:
     """``patch`` with ``broken`` set: its files holding new conflict markers or Python that
     does not compile here (what a push would refuse)."""
-    patch.broken = broken_files(patch.files, store.read_blob)
+    patch.broken = broken_files(patch.files, store.read_blob, store=store)
     return patch
 
 

@@ -35,6 +35,17 @@ IDENTITY = "snapver <snapver@localhost>"
 # next one) before it is killed: a damaged store (a loose object turned into a FIFO, a
 # pack on a dead mount) must end a command, not hang it. SNAPVER_GIT_TIMEOUT overrides.
 DEFAULT_GIT_TIMEOUT = 300.0
+# A blob above this size is read in pieces (``blob_chunks``, one git process each), never
+# whole, wherever its content is only passed on or sniffed: a 2 GB .so must not need 2 GB here.
+BIG_BLOB = 4 << 20
+# How ``blob_chunks``'s git reads one big blob in bounded memory: git streams a packed
+# blob only above core.bigFileThreshold (default 512 MiB: below it, it inflates the blob
+# whole), and the pack's pages it maps stay resident up to core.packedGitLimit (default
+# 8 GiB, in 1 GiB windows): a 300 MB blob cost git 576 MiB, now ~37 MiB.
+STREAMING = ("-c", f"core.bigFileThreshold={BIG_BLOB}", "-c", "core.packedGitWindowSize=8m",
+             "-c", "core.packedGitLimit=32m")
+# git's rule: a NUL in the first 8000 bytes makes a file binary (what ``blob_head`` reads).
+BINARY_SNIFF = 8000
 GIT_HANG_HINT = ("a file in the store that git cannot read to its end (damage: see `snapver fsck`), or a stalled "
                  "disk; SNAPVER_GIT_TIMEOUT sets the limit")
 
@@ -375,19 +386,31 @@ class Store:
     def blob_chunks(self, oid: str, chunk: int = 1 << 20) -> Iterator[bytes]:
         """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole)."""
         try:
-            process = subprocess.Popen(["git", "--git-dir", str(self.path), "cat-file", "blob", oid],
+            process = subprocess.Popen(["git", "--git-dir", str(self.path), *STREAMING, "cat-file", "blob", oid],
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                        start_new_session=True)  # see run_git
         except OSError as exc:
             raise StoreError(f"cannot run git: {exc}") from exc
         assert process.stdout is not None
+        finished = False
         try:
             while piece := process.stdout.read(chunk):
                 yield piece
+            finished = True
         finally:
             process.stdout.close()
-            if process.wait() != 0:
+            if not finished:
+                process.kill()  # closed early (the reader stopped): git's exit says nothing of the object
+            if process.wait() != 0 and finished:
                 raise StoreError(f"object {oid} is missing from the store, or corrupt", hint="run `snapver fsck`")
+
+    def blob_head(self, oid: str, size: int = BINARY_SNIFF) -> bytes:
+        """The first ``size`` bytes (fewer if shorter) of a blob, without reading the rest."""
+        pieces = self.blob_chunks(oid, size)
+        try:
+            return next(pieces, b"")
+        finally:
+            pieces.close()
 
     # -- refs and commits -------------------------------------------------------------
     def ref(self, name: str) -> str | None:
