@@ -45,8 +45,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, median,  # noqa: E402
-                    print_table, run, run_measured)
+from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, print_table,  # noqa: E402
+                    run, run_measured)
 
 TORCH_VERSION = "2.14.1"
 CACHE_ENV = "SNAPVER_BENCH_TORCH_CACHE"
@@ -177,6 +177,7 @@ class BigTree:
         self.files = len(files)
         self.bytes = sum(p.lstat().st_size for p in files)
         self.changes = 0
+        self.synced: dict[str, Path] = {}  # the re-pull's project and rsync copy, reused by the diff
 
     def project(self, name: str) -> Path:
         """A project folder whose ``.snapver`` tracks ``torch`` on the node; store ``snapshots``."""
@@ -257,13 +258,13 @@ def re_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
                                                               f"{copy}/")), [])
 
     timings = interleave([Case("snapver", pull), Case("rsync -a", rsync)], runs)
-    bench.state = {"project": project, "copy": copy}  # type: ignore[attr-defined]
+    bench.synced.update(project=project, copy=copy)
     return timings
 
 
 def diff(bench: BigTree, runs: int) -> dict[str, list[float]]:
     """One small file changed on the node: snapver diff -q vs rsync -anc -i against a copy."""
-    project, copy = bench.state["project"], bench.state["copy"]  # type: ignore[attr-defined]
+    project, copy = bench.synced["project"], bench.synced["copy"]
     bench.change_file()
     wanted = [CHANGED.split("/", 1)[1]]
 
@@ -372,7 +373,7 @@ def main() -> int:
 
 def _revision() -> str:
     done = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
-    return done.stdout.strip()[:70] or "?"
+    return done.stdout.strip()[:70] or str(REPO_ROOT)
 
 
 if __name__ == "__main__":
