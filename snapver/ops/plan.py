@@ -217,8 +217,10 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
             hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
     sending = [s.target for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
-    big = {entry.oid for entry in sending if entry.size > BIG_BLOB}
-    missing = big - store.existing(big)  # found out before the node is sent anything
+    # Content is read from the store while it is sent: a missing object is found out
+    # before the node is sent anything.
+    wanted = {entry.oid for entry in sending}
+    missing = wanted - store.existing(wanted)
     if missing:
         raise StoreError(f"object {sorted(missing)[0]} is missing from the store", hint="run `snapver fsck`")
     pause = int(os.environ.get(PAUSE_ENV) or 0)
@@ -227,15 +229,15 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
         for sent, pieces in enumerate(contents, 1):
             try:
                 transport.send_stream(pieces, abortable=abortable)
-            except StoreError:
-                # Gone half-way through a file: the agent still waits for its pieces, so the
-                # connection is of no more use (an undo opens a fresh one).
-                transport.close()
-                raise
             finally:
                 pieces.close()
             if pause and sent == pause:
                 interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
+    except StoreError:
+        # A blob unreadable half-way (a damaged pack): the agent still waits for the rest
+        # of the files, so the connection is of no more use (an undo opens a fresh one).
+        transport.close()
+        raise
     finally:
         contents.close()
     done = transport.call("write_done")

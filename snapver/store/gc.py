@@ -3,8 +3,9 @@
 Pulls write new blobs uncompressed (see ``pack.py``), so the store grows by the raw
 size of new content. Once enough raw bytes have piled up, ``maybe_compact`` starts a
 detached ``git repack -a -d -k -F`` that recompresses everything into one pack with
-deltas, in bounded memory (``REPACK_CAPS``). ``-k`` keeps objects no ref names yet, so a pull finishing its commit while the
-repack runs loses nothing; a second repack never starts while one runs (flock).
+deltas, in bounded memory (``REPACK_CAPS``). ``-k`` keeps objects no ref names yet, so a
+pull finishing its commit while the repack runs loses nothing; a second repack never
+starts while one runs (flock).
 """
 
 from __future__ import annotations

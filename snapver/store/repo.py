@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
@@ -383,8 +383,10 @@ class Store:
             stream.close()
             writer.join()
 
-    def blob_chunks(self, oid: str, chunk: int = 1 << 20) -> Iterator[bytes]:
-        """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole)."""
+    def blob_chunks(self, oid: str, chunk: int = 1 << 20) -> Generator[bytes, None, None]:
+        """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole).
+
+        Close it when stopping early: that ends its git process."""
         try:
             process = subprocess.Popen(["git", "--git-dir", str(self.path), *STREAMING, "cat-file", "blob", oid],
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
