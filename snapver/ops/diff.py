@@ -26,11 +26,12 @@ from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, C
 from snapver.ops.pull import list_live
 from snapver.refs import Resolver, TreeRef, tracked_paths
 from snapver.unidiff import split_lines
-from snapver.store.repo import BIG_BLOB, BINARY_SNIFF, Commit, Store
+from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport
 from snapver.transport.connect import open_transport
 
 NULL_OID = "0" * 40
+BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
 
 
 @dataclass
@@ -178,17 +179,9 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
             same = sorted((path for path in chosen if path not in differing), key=os.fsencode)
         result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same)
         if contents and changes:
-            # A big binary in the store needs no content: "Binary files differ" is all its diff
-            # says, so neither side of it is read whole.
-            same_kind = [c for c in changes if c.old is None or c.new is None or c.old.kind == c.new.kind]
-            binary = (_big_binaries(store, side_a, [c.old for c in same_kind if c.old is not None])
-                      | _big_binaries(store, side_b, [c.new for c in same_kind if c.new is not None]))
-            old_data = read_contents(store, side_a, [c.old for c in changes
-                                                     if c.old is not None and c.path not in binary])
-            new_data = read_contents(store, side_b, [c.new for c in changes
-                                                     if c.new is not None and c.path not in binary])
-            result.files = [file_diff(c, old_data.get(c.path), new_data.get(c.path), context,
-                                      known_binary=c.path in binary) for c in changes]
+            old_data = read_contents(store, side_a, [c.old for c in changes if c.old is not None])
+            new_data = read_contents(store, side_b, [c.new for c in changes if c.new is not None])
+            result.files = [file_diff(c, old_data.get(c.path), new_data.get(c.path), context) for c in changes]
         elif contents:
             result.files = []
         return result
@@ -284,14 +277,6 @@ def read_contents(store: Store | None, side: Side, entries: Iterable[Entry]) -> 
     assert store is not None
     blobs = dict(store.read_blobs(e.oid for e in wanted))
     return {e.path: blobs[e.oid] for e in wanted}
-
-
-def _big_binaries(store: Store | None, side: Side, entries: Iterable[Entry]) -> set[str]:
-    """The paths of ``entries`` that are big binaries in the store (``BIG_BLOB``, a NUL in their
-    first 8000 bytes), judged without reading them whole; a live side's are not known here."""
-    if side.transport is not None or store is None:
-        return set()
-    return {e.path for e in entries if e.kind == FILE and e.size > BIG_BLOB and is_binary(store.blob_head(e.oid))}
 
 
 # -- path filters ------------------------------------------------------------------------------
@@ -408,14 +393,11 @@ def is_binary(data: bytes) -> bool:
     return b"\0" in data[:BINARY_SNIFF]
 
 
-def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, context: int = 3,
-              known_binary: bool = False) -> FileDiff:
+def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, context: int = 3) -> FileDiff:
     """The git-style unified diff of one change, with its diffstat numbers.
 
     ``old_data``/``new_data`` are the contents (a link's target for a symlink); a type
     change (file ↔ link) is shown as a deletion and an addition, as git does.
-    ``known_binary``: a side is known to be binary, and the contents were not read (the
-    sizes are the entries').
     """
     old, new = change.old, change.new
     if old is not None and new is not None and old.kind != new.kind:
@@ -446,13 +428,11 @@ def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, co
         elif old_oid != new_oid:
             lines.append(index + b" %s\n" % git_mode(old).encode())
     result = dict(old_size=len(old_bytes), new_size=len(new_bytes))
-    if known_binary:
-        result = dict(old_size=old.size if old is not None else 0, new_size=new.size if new is not None else 0)
     if old_oid == new_oid:
         return FileDiff(change, b"".join(lines), **result)
     from_name = _tab_if_space(a_name) if old is not None else "/dev/null"
     to_name = _tab_if_space(b_name) if new is not None else "/dev/null"
-    if known_binary or is_binary(old_bytes) or is_binary(new_bytes):
+    if is_binary(old_bytes) or is_binary(new_bytes):
         lines.append(b"Binary files %s and %s differ\n" % (
             _enc(a_name if old is not None else "/dev/null"), _enc(b_name if new is not None else "/dev/null")))
         return FileDiff(change, b"".join(lines), binary=True, **result)

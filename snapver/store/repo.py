@@ -45,7 +45,7 @@ BIG_BLOB = 4 << 20
 STREAMING = ("-c", f"core.bigFileThreshold={BIG_BLOB}", "-c", "core.packedGitWindowSize=8m",
              "-c", "core.packedGitLimit=32m")
 # git's rule: a NUL in the first 8000 bytes makes a file binary (what ``blob_head`` reads).
-BINARY_SNIFF = 8000
+HEAD_BYTES = 8000
 GIT_HANG_HINT = ("a file in the store that git cannot read to its end (damage: see `snapver fsck`), or a stalled "
                  "disk; SNAPVER_GIT_TIMEOUT sets the limit")
 
@@ -406,7 +406,7 @@ class Store:
             if process.wait() != 0 and finished:
                 raise StoreError(f"object {oid} is missing from the store, or corrupt", hint="run `snapver fsck`")
 
-    def blob_head(self, oid: str, size: int = BINARY_SNIFF) -> bytes:
+    def blob_head(self, oid: str, size: int = HEAD_BYTES) -> bytes:
         """The first ``size`` bytes (fewer if shorter) of a blob, without reading the rest."""
         pieces = self.blob_chunks(oid, size)
         try:
