@@ -26,8 +26,11 @@ and folders:
 Reported: wall time (median), bytes on the wire and fetched bytes from snapver's
 `--json` (wire_bytes: the agent protocol both ways, fetched_bytes: file content
 received; summed over nodes), rsync's own `--stats` byte counts (protocol bytes, both
-ways), peak client memory, and the ratios of issue 5: the fleet pull against one
-node's pull (wall <= 2x, bytes <= 1.2x), and against 16 rsyncs. Timed snapver runs
+ways), peak client memory, the client's own CPU (user + sys of the command and the
+children it waited for: resource.getrusage(RUSAGE_CHILDREN) around the run), and the
+ratios: the fleet pull against one node's pull (issue 15's bars: client CPU <= 1.5x,
+bytes <= 1.05x; the wall time is reported, no longer a bar: on this 2-core machine the
+16 nodes share the client's cores), and against 16 rsyncs. Timed snapver runs
 get SNAPVER_AUTO_GC=0. The nodes are processes on this machine: their hashing competes
 with the client for its cores, which "nodes hash only x16" measures on its own.
 """
@@ -38,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -52,8 +56,12 @@ from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_
 REPO = Path(__file__).resolve().parent.parent
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
-WALL_BAR = 2.0
-BYTES_BAR = 1.2
+# Issue 15's bars for the fleet pull against one node's: the client's own CPU (user + sys of
+# the snapver process and the git it waits for) and the bytes. Issue 5's wall bar (<= 2x) is
+# reported, no longer a bar: on 2 cores the 16 nodes' sshd and agents share the client's
+# cores, so the wall time measures this machine, not what snapver controls.
+CPU_BAR = 1.5
+BYTES_BAR = 1.05
 # What every node but the first does in a fleet's first pull, as the agent does it; prints
 # the number of files hashed.
 HASH_TREE = """import hashlib, os, sys
@@ -102,6 +110,13 @@ def _rsync_bytes(done: subprocess.CompletedProcess[bytes]) -> tuple[int, int]:
             number("Total bytes sent") + number("Total bytes received"))
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU of this process's waited-for children so far (and theirs): the
+    difference around one command is that command's own CPU, the git it ran included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
     sites = build_fleet(env)
     files = sum(1 for p in (sites[ONE] / "sglang" / "srt").rglob("*") if not p.is_dir())
@@ -117,14 +132,14 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
 
     def snapver_pull(name: str, *targets: str) -> Case:
         def body(_round: int) -> None:
-            cpu = machine_cpu_seconds()
+            cpu, client_cpu = machine_cpu_seconds(), children_cpu_seconds()
             done, peak = run_measured([sys.executable, "-m", "snapver", "pull", "--json", *targets],
                                       cwd=project, env=snapver_env)
-            cpu = machine_cpu_seconds() - cpu
+            cpu, client_cpu = machine_cpu_seconds() - cpu, children_cpu_seconds() - client_cpu
             nodes = json.loads(done.stdout)["nodes"]
             if len(nodes) != (len(FLEET) if "--all" in targets else 1) or not all(n["ok"] for n in nodes):
                 raise RuntimeError(f"snapver pull {' '.join(targets)}: {nodes}")
-            record(name, peak_kib=peak, machine_cpu_s=cpu, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
+            record(name, peak_kib=peak, machine_cpu_s=cpu, client_cpu_s=client_cpu, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
                    wire_bytes=sum(n["wire_bytes"] for n in nodes),
                    fetched_files=sum(n["fetched_files"] for n in nodes),
                    nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
@@ -141,13 +156,13 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
                      env.remote(node, f"{sites[node]}/sglang/srt/"), f"{copies / node}/"] for node in nodes]
 
         def body(_round: int) -> None:
-            cpu = machine_cpu_seconds()
+            cpu, client_cpu = machine_cpu_seconds(), children_cpu_seconds()
             done = run_measured_all(commands)
-            cpu = machine_cpu_seconds() - cpu
+            cpu, client_cpu = machine_cpu_seconds() - cpu, children_cpu_seconds() - client_cpu
             transferred = [_rsync_bytes(d) for d, _peak in done]
             if any(count != files for count, _bytes in transferred):
                 raise RuntimeError(f"{name}: files transferred {[c for c, _b in transferred]}, wanted {files}")
-            record(name, peak_kib=sum(p for _d, p in done), machine_cpu_s=cpu,
+            record(name, peak_kib=sum(p for _d, p in done), machine_cpu_s=cpu, client_cpu_s=client_cpu,
                    wire_bytes=sum(b for _c, b in transferred))
 
         def setup(_round: int) -> None:
@@ -257,10 +272,13 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
                      else None,
                      "nodes_sending_files": kept[-1].get("nodes_sending_files"),
                      "machine_cpu_s": round(median([f["machine_cpu_s"] for f in kept]), 2),
+                     "client_cpu_s": round(median([f["client_cpu_s"] for f in kept]), 3) if "client_cpu_s" in kept[0]
+                     else None,
                      "peak_kib": max(f["peak_kib"] for f in kept)})
     by = {row["case"]: row for row in rows}
     fleet, one = by["snapver pull --all"], by["snapver pull fleet00"]
     ratios = {
+        "client CPU: snapver --all / snapver one node": fleet["client_cpu_s"] / one["client_cpu_s"],
         "wall: snapver --all / snapver one node": fleet["median_s"] / one["median_s"],
         "wire bytes: snapver --all / snapver one node": fleet["wire_bytes"] / one["wire_bytes"],
         "fetched bytes: snapver --all / snapver one node": fleet["fetched_bytes"] / one["fetched_bytes"],
@@ -270,7 +288,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         "wall: nodes hash only x16 / snapver one node": by["nodes hash only x16"]["median_s"] / one["median_s"],
     }
     bars = [
-        {"ratio": "wall: snapver --all / snapver one node", "bar": f"<= {WALL_BAR:g}"},
+        {"ratio": "client CPU: snapver --all / snapver one node", "bar": f"<= {CPU_BAR:g}"},
         {"ratio": "wire bytes: snapver --all / snapver one node", "bar": f"<= {BYTES_BAR:g}"},
         {"ratio": "fetched bytes: snapver --all / snapver one node", "bar": f"<= {BYTES_BAR:g}"},
     ]
@@ -289,22 +307,25 @@ def print_report(summary: dict[str, Any]) -> None:
           f"node sessions' HOME: {summary['node_home']}")
     print(f"before: {summary['load_before']}\nafter:  {summary['load_after']}  ({summary['nproc']} cores)\n")
     header = f"  {'case':<22} {'runs':>4} {'median s':>9} {'min s':>7} {'max s':>7} {'wire MB':>9} " \
-             f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8} {'machine CPU s':>13}"
+             f"{'fetched MB':>10} {'nodes sending files':>19} {'peak MiB':>8} {'machine CPU s':>13} " \
+             f"{'client CPU s':>12}"
     print(header)
     for row in summary["rows"]:
         fetched = f"{row['fetched_bytes'] / 1e6:.2f}" if row["fetched_bytes"] is not None else "-"
         sending = row["nodes_sending_files"] if row["nodes_sending_files"] is not None else "-"
         print(f"  {row['case']:<22} {row['runs']:>4} {row['median_s']:>9.3f} {row['min_s']:>7.3f} "
               f"{row['max_s']:>7.3f} {row['wire_bytes'] / 1e6:>9.2f} {fetched:>10} {sending:>19} "
-              f"{row['peak_kib'] / 1024:>8.0f} {row['machine_cpu_s']:>13.2f}")
+              f"{row['peak_kib'] / 1024:>8.0f} {row['machine_cpu_s']:>13.2f} "
+              f"{row['client_cpu_s'] if row['client_cpu_s'] is not None else '-':>12}")
     # The nodes share this machine's cores with the client: a wall time near CPU / cores
     # means the run was bound by the CPU that all of them needed, not by waiting.
     print(f"  (machine CPU s: all processes, nodes included; on {summary['nproc']} cores a run takes at least "
-          f"machine CPU / {summary['nproc']})")
+          f"machine CPU / {summary['nproc']}; client CPU s: user + sys of the command and the children it "
+          "waited for (snapver and its git; rsync and its ssh), nodes not included)")
     print("\nratios (medians):")
     for name, value in summary["ratios"].items():
         print(f"  {name:<48} {value:>7.2f}x")
-    print("\nissue 5 bars:")
+    print("\nbars (issue 15: client CPU and bytes; the wall ratio above is reported, not a bar on 2 cores):")
     for bar in summary["bars"]:
         print(f"  {bar['ratio']:<48} {bar['value']:>7.2f}x  bar {bar['bar']:<6} {'met' if bar['met'] else 'NOT MET'}")
     print("\nlast `snapver pull --all`, per node (files fetched, bytes fetched, wire bytes, seconds):")

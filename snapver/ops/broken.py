@@ -11,7 +11,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from snapver.model import FILE
+from snapver.model import FILE, Entry
+from snapver.store.repo import BIG_BLOB, Store
 
 # Conflict-marker lines as `git merge-file` / `git merge` write them (diff3 style too).
 _OPENERS = (b"<<<<<<<", b">>>>>>>", b"|||||||")
@@ -57,6 +58,12 @@ def conflict_markers(path: str, data: bytes, base: bytes | None = None) -> Broke
     return BrokenFile(path, number, f"unresolved conflict marker {shown!r}")
 
 
+def big_binary(store: Store, entry: Entry) -> bool:
+    """A file too big to read whole (``BIG_BLOB``) whose first 8000 bytes hold a NUL: binary,
+    so it has no conflict markers and is no Python source. Judged from its first bytes only."""
+    return entry.kind == FILE and entry.size > BIG_BLOB and b"\0" in store.blob_head(entry.oid)
+
+
 def syntax_error(path: str, data: bytes) -> BrokenFile | None:
     """This Python's verdict on a ``.py`` file (None: it compiles, or is not Python)."""
     if not path.endswith(".py"):
@@ -73,12 +80,13 @@ def syntax_error(path: str, data: bytes) -> BrokenFile | None:
 
 
 def broken_files(files: Iterable[Any], read_blob: Callable[[str], bytes],
-                 compile_here: bool = True) -> list[BrokenFile]:
+                 compile_here: bool = True, store: Store | None = None) -> list[BrokenFile]:
     """The files of a patch (``PatchFile``s) that hold new conflict markers, or (``compile_here``)
-    Python this interpreter cannot compile; sorted by path."""
+    Python this interpreter cannot compile; sorted by path. With ``store``, a big binary file
+    is judged from its first bytes (``big_binary``), never read whole."""
     found: list[BrokenFile] = []
     for item in files:
-        if item.patch is None or item.patch.kind != FILE:
+        if item.patch is None or item.patch.kind != FILE or store is not None and big_binary(store, item.patch):
             continue
         data = read_blob(item.patch.oid)
         base = read_blob(item.base.oid) if item.base is not None and item.base.kind == FILE else None

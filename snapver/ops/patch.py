@@ -30,7 +30,7 @@ from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
-from snapver.store.repo import Store, blob_oid, format_message, git_timeout
+from snapver.store.repo import BIG_BLOB, Store, blob_oid, format_message, git_timeout
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
@@ -125,7 +125,7 @@ def _with_kept(files: list[PatchFile], tree: Manifest, keeps: list[str]) -> list
 def with_warnings(store: Store, patch: Patch) -> Patch:
     """``patch`` with ``broken`` set: its files holding new conflict markers or Python that
     does not compile here (what a push would refuse)."""
-    patch.broken = broken_files(patch.files, store.read_blob)
+    patch.broken = broken_files(patch.files, store.read_blob, store=store)
     return patch
 
 
@@ -504,7 +504,7 @@ def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict
         if entry.path not in overrides:
             by_oid.setdefault(entry.oid, []).append(entry)
 
-    def put(entry: Entry, data: bytes) -> None:
+    def put(entry: Entry, data: bytes | Iterable[bytes]) -> None:
         target = os.path.join(os.fsencode(folder), os.fsencode(entry.path))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if not is_safe_relpath(entry.path) or not os.path.realpath(os.path.dirname(target)).startswith(root + b"/"):
@@ -515,12 +515,18 @@ def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict
         else:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                for piece in [data] if isinstance(data, bytes) else data:
+                    handle.write(piece)
             os.chmod(target, stat.S_IMODE(entry.mode) & 0o777 & ~umask)
 
-    for oid, data in store.read_blobs(by_oid):
+    # A big file is copied from the store in pieces, never held whole.
+    big = {oid for oid, entries in by_oid.items() if all(e.kind == FILE and e.size > BIG_BLOB for e in entries)}
+    for oid, data in store.read_blobs(oid for oid in by_oid if oid not in big):
         for entry in by_oid[oid]:
             put(entry, data)
+    for oid in sorted(big):
+        for entry in by_oid[oid]:
+            put(entry, store.blob_chunks(oid))
     for path, data in overrides.items():
         put(manifest.entries[path], data)
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")

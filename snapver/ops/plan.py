@@ -24,6 +24,8 @@ import stat
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,7 +36,7 @@ from snapver.config import NodeSpec
 from snapver.errors import Cancelled, ConflictError, RemotePathError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
-from snapver.store.repo import Commit, Store, format_message
+from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
@@ -214,15 +216,30 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
             f"{spec.name}: changed since the plan was made: {describe_conflicts(reply['conflicts'])}",
             hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
-    sending = [s for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
-    content = dict(store.read_blobs([s.target.oid for s in sending if s.target is not None]))
+    sending = [s.target for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
+    # Content is read from the store while it is sent: a missing object is found out
+    # before the node is sent anything.
+    wanted = {entry.oid for entry in sending}
+    missing = wanted - store.existing(wanted)
+    if missing:
+        raise StoreError(f"object {sorted(missing)[0]} is missing from the store", hint="run `snapver fsck`")
     pause = int(os.environ.get(PAUSE_ENV) or 0)
-    for sent, step in enumerate(sending, 1):
-        assert step.target is not None
-        data = content[step.target.oid]
-        transport.send_stream((data[i:i + CHUNK] for i in range(0, len(data), CHUNK)), abortable=abortable)
-        if pause and sent == pause:
-            interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
+    contents = _contents(store, sending)
+    try:
+        for sent, pieces in enumerate(contents, 1):
+            try:
+                transport.send_stream(pieces, abortable=abortable)
+            finally:
+                pieces.close()
+            if pause and sent == pause:
+                interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
+    except StoreError:
+        # A blob unreadable half-way (a damaged pack): the agent still waits for the rest
+        # of the files, so the connection is of no more use (an undo opens a fresh one).
+        transport.close()
+        raise
+    finally:
+        contents.close()
     done = transport.call("write_done")
     result = WriteResult(sorted(done.get("written") or {}), sorted(done.get("deleted") or {}),
                          list(done.get("bytecode_removed") or []),
@@ -244,6 +261,36 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
         elif (done.get("deleted") or {}).get(step.path) is not None:
             result.error = result.error or TransportError(f"{spec.name}: {step.path}: still there after deleting it")
     return result
+
+
+def _contents(store: Store, entries: list[Entry]) -> Generator[Generator[bytes, None, None], None, None]:
+    """Each entry's content in turn, as pieces of at most ``CHUNK`` bytes, in bounded memory.
+
+    A blob over ``BIG_BLOB`` streams from its own git process, never held whole. Smaller
+    ones come from one batched read, taken as they are needed: one is held at a time,
+    or longer while a later entry wants the same blob. Close each piece iterator when
+    done with it, and this generator too.
+    """
+    small = [entry.oid for entry in entries if entry.size <= BIG_BLOB]
+    wanted_again = Counter(small)
+    batched = store.read_blobs(small)  # in order of first appearance, as they are needed below
+    held: dict[str, bytes] = {}
+    try:
+        for entry in entries:
+            if entry.size > BIG_BLOB:
+                yield store.blob_chunks(entry.oid, CHUNK)
+                continue
+            if entry.oid not in held:
+                oid, held[entry.oid] = next(batched, (None, b""))
+                if oid != entry.oid:
+                    raise StoreError(f"object {entry.oid} is missing from the store", hint="run `snapver fsck`")
+            data = held[entry.oid]
+            wanted_again[entry.oid] -= 1
+            if not wanted_again[entry.oid]:
+                del held[entry.oid]
+            yield (data[i:i + CHUNK] for i in range(0, len(data), CHUNK))
+    finally:
+        batched.close()
 
 
 def _never_created(path: str, now: Live | None, wanted: Entry) -> Step:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, SnapverError, UsageError
 from snapver.model import FILE
-from snapver.ops.broken import BrokenFile, conflict_markers, syntax_error
+from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
                               PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
@@ -162,7 +162,7 @@ def _landing_content(store: Store, patch: Patch) -> tuple[list[BrokenFile], dict
     broken: list[BrokenFile] = []
     sources: dict[str, bytes] = {}
     for item in patch.files:
-        if item.patch is None or item.patch.kind != FILE:
+        if item.patch is None or item.patch.kind != FILE or big_binary(store, item.patch):
             continue
         data = store.read_blob(item.patch.oid)
         base = store.read_blob(item.base.oid) if item.base is not None and item.base.kind == FILE else None

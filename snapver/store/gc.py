@@ -3,8 +3,9 @@
 Pulls write new blobs uncompressed (see ``pack.py``), so the store grows by the raw
 size of new content. Once enough raw bytes have piled up, ``maybe_compact`` starts a
 detached ``git repack -a -d -k -F`` that recompresses everything into one pack with
-deltas. ``-k`` keeps objects no ref names yet, so a pull finishing its commit while the
-repack runs loses nothing; a second repack never starts while one runs (flock).
+deltas, in bounded memory (``REPACK_CAPS``). ``-k`` keeps objects no ref names yet, so a
+pull finishing its commit while the repack runs loses nothing; a second repack never
+starts while one runs (flock).
 """
 
 from __future__ import annotations
@@ -21,6 +22,23 @@ from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 RAW_BYTES_BEFORE_COMPACT = 32 << 20
 # A repack recompresses the whole store: bounded, but far above one git command's limit.
 REPACK_TIMEOUT = 3600.0
+# The repack's memory, capped (issue 15: uncapped, the repack after a 1 GB first pull of
+# torch peaked at 2.74 GiB). Blobs above bigFileThreshold are streamed into the pack and
+# never delta-searched: a delta search holds a window of whole objects and their indexes,
+# and pack.windowMemory always keeps one object beside the current one, so a 500 MB .so
+# would need over 1 GB whatever the window. Smaller blobs are searched within 64 MiB of
+# window, on one thread (each thread has its own window), with the computed-delta and
+# delta-base caches and the pack files' mmap windows capped too.
+REPACK_CAPS = {
+    "pack.compression": "1",
+    "core.bigFileThreshold": "16m",
+    "pack.windowMemory": "64m",
+    "pack.threads": "1",
+    "pack.deltaCacheSize": "16m",
+    "core.deltaBaseCacheLimit": "32m",
+    "core.packedGitWindowSize": "32m",
+    "core.packedGitLimit": "128m",
+}
 STATE = "snapver/compact.json"
 LOCK = "snapver/compact.lock"
 
@@ -75,7 +93,8 @@ def compact(store_path: Path) -> int:
         # Low priority: a compaction must never slow the pulls it makes room for.
         os.nice(10)
         try:
-            done = subprocess.run(["git", "--git-dir", str(store_path), "-c", "pack.compression=1",
+            caps = [option for key, value in REPACK_CAPS.items() for option in ("-c", f"{key}={value}")]
+            done = subprocess.run(["git", "--git-dir", str(store_path), *caps,
                                    "repack", "-a", "-d", "-k", "-F", "-q"], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=REPACK_TIMEOUT)
             code = done.returncode
