@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 COMMANDS = {
     "init": "store_cmds", "nodes": "store_cmds", "pull": "pull", "log": "store_cmds", "show": "store_cmds",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
-    "rollback": "push", "ps": "ps", "import": "importdir", "fsck": "store_cmds",
+    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "store_cmds",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "render", "options", "completion"}
