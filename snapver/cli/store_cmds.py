@@ -114,8 +114,12 @@ def log(
         out.print("no snapshots yet" + (f" of {escape(node)}" if node else "")
                   + (f" since {escape(since)}" if since else "") + (" (run `snapver pull`)" if not since else ""))
     width = max((len(s.made_by) for s in snapshots), default=0)
+    # A team store's log says who took each snapshot (only when more than one store did).
+    by_writer = len({s.writer for s in snapshots}) > 1
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
+        if by_writer:
+            tags += f" by {escape(s.writer or '?')}"
         event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
         note = [show_path(s.message)] if s.message else []
         if oneline:

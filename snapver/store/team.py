@@ -33,6 +33,8 @@ SYNCED_KEY = "snapver.synced"
 AUTO_SYNC_TIMEOUT = 10.0
 # git must never ask for a password on the terminal: credentials are the user's agent's affair.
 GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GCM_INTERACTIVE": "never"}
+# How a store that has never synced names its own writer in a TeamView (no other is there).
+LOCAL_WRITER = "(this store)"
 _TEAM_SHORT = refs.TEAM[len("refs/"):]  # "remotes/team/", as Store.refs("refs/") names them
 
 
@@ -94,8 +96,9 @@ class TeamView:
 
     def __init__(self, store: Store, all_refs: dict[str, str] | None = None) -> None:
         self.store = store
-        self.me = writer_of(store)
         raw = store.refs("refs/") if all_refs is None else all_refs
+        # A store that never synced needs no writer id to read (and no git process to learn it).
+        self.me = writer_of(store) if any(name.startswith(_TEAM_SHORT) for name in raw) else LOCAL_WRITER
         # published name -> {writer: commit}; this store's own refs under its writer id.
         self.versions: dict[str, dict[str, str]] = {}
         for name, commit in raw.items():
@@ -117,6 +120,22 @@ class TeamView:
     def is_team(self) -> bool:
         """True when refs of another writer are here (after a sync)."""
         return self.writers != [self.me]
+
+    def under(self, prefix: str) -> dict[str, str]:
+        """``merged`` for any prefix below a merged one (``refs.IMPORTS + "ct200/"``); other
+        prefixes read the store's own refs only."""
+        for base in (refs.NODES, refs.PATCHES, refs.PUSHES, refs.IMPORTS, refs.DELETED_PATCHES, refs.TAGS):
+            if prefix.startswith(base):
+                rest = prefix[len(base):]
+                return {name[len(rest):]: commit for name, commit in self.merged(base).items()
+                        if name.startswith(rest)}
+        short = refs.published_name(prefix)
+        return {name[len(short):]: by[self.me] for name, by in self.versions.items()
+                if short is not None and name.startswith(short) and self.me in by}
+
+    def tips(self, prefix: str, name: str) -> list[str]:
+        """Every writer's commit for one name (a node's branch: every writer's history)."""
+        return sorted(set(self.by_writer(prefix).get(name, {}).values()))
 
     def by_writer(self, prefix: str) -> dict[str, dict[str, str]]:
         """``{name below prefix: {writer: commit}}`` for a local prefix such as ``refs.NODES``."""
@@ -178,12 +197,13 @@ class TeamView:
         self._load_times(list(distinct))
         by_time = sorted(distinct, key=lambda c: self._times[c].time, reverse=True)
         for candidate in by_time:
-            if all(other == candidate or self._contains(candidate, other) for other in distinct):
+            if all(other == candidate or self.contains(candidate, other) for other in distinct):
                 return candidate, {}
         tip = by_time[0]
-        return tip, {w: c for w, c in sorted(versions.items()) if c != tip and not self._contains(tip, c)}
+        return tip, {w: c for w, c in sorted(versions.items()) if c != tip and not self.contains(tip, c)}
 
-    def _contains(self, commit: str, ancestor: str) -> bool:
+    def contains(self, commit: str, ancestor: str) -> bool:
+        """True when ``ancestor`` is ``commit`` or in its history."""
         return run_git(self.store.path, "merge-base", "--is-ancestor", ancestor, commit).returncode == 0
 
     # -- tags -----------------------------------------------------------------------------
@@ -283,6 +303,22 @@ def ls_remote(store: Store, remote: str, timeout: float | None = None) -> dict[s
         oid, _, name = line.partition("\t")
         if name and not name.endswith("^{}"):
             found[name] = oid
+    return found
+
+
+def remote_versions_unseen(store: Store, remote: str, name: str, tip: str,
+                           timeout: float | None = None) -> dict[str, str]:
+    """``{writer: commit}`` of the remote's versions of patch ``name`` that ``tip`` does not
+    contain (not fetched yet, or edited apart): the lease a push checks before writing."""
+    me = writer_of(store)
+    found = {}
+    view = TeamView(store)
+    for ref, oid in ls_remote(store, remote, timeout).items():
+        writer, _, rest = ref[len(refs.REMOTE_SPACE):].partition("/")
+        if not ref.startswith(refs.REMOTE_SPACE) or rest != f"patches/{name}" or writer == me or oid == tip:
+            continue
+        if oid not in store.existing([oid]) or not view.contains(tip, oid):
+            found[writer] = oid
     return found
 
 
