@@ -269,8 +269,9 @@ class Resolver:
         name = full_ref.split("/", 2)[-1] if not text.startswith("refs/") else full_ref
         if text.startswith(tuple(_QUALIFIERS)):  # a team-wide name
             self._require_store(text)
-            kind_prefix = _QUALIFIERS[text[:text.index("/") + 1]]
-            commit = self._tag(name) if kind_prefix == store_refs.TAGS else self._refs_under(kind_prefix).get(name)
+            qualifier = text[:text.index("/") + 1]
+            kind_prefix, short = _QUALIFIERS[qualifier], text[len(qualifier):]
+            commit = self._tag(short) if kind_prefix == store_refs.TAGS else self._refs_under(kind_prefix).get(short)
             if commit is None:
                 raise self._unknown(text)
             return commit

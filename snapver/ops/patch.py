@@ -240,9 +240,9 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
             # Versions of other writers (and our own) that this one has not got yet become its
             # parents too: a new version has seen every version synced here (store/team.py).
             seen = {parent, *previous}
-            previous += tuple(commit for commit in sorted({own, *view.by_writer(refs.PATCHES).get(name, {}).values()})
-                              if commit is not None and commit not in seen
-                              and not any(view.contains(known, commit) for known in seen if known))
+            versions = {own, *view.by_writer(refs.PATCHES).get(name, {}).values()} - {None}
+            previous += tuple(commit for commit in sorted(versions)  # type: ignore[type-var]
+                              if commit not in seen and not any(view.contains(known, commit) for known in seen if known))
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
                                    now, also_parents=previous)
         commit = importer.results[mark]

@@ -86,8 +86,13 @@ def _record_event(store: Store, view: TeamView, name: str, to: str | None) -> No
     meta = {"v": 1, "kind": "tag-move", "tag": name, "to": to, "over": over, "writer": view.me,
             "time": now.isoformat(timespec="seconds")}
     subject = f"tag {name}: " + (f"moved to {to[:10]}" if to else "deleted") + f" by {view.me}"
+    # Every writer's events seen here become parents: events are read parents first (git's
+    # date order keeps children after parents), so this one comes after all it overrules,
+    # even when their clocks agree to the second.
+    mine = store.ref(refs.TAG_MOVES)
+    seen = tuple(sorted({commit for writer, commit in view.event_tips().items() if writer != view.me} - {mine}))
     with store.importer() as importer:
-        importer.commit(refs.TAG_MOVES, store.ref(refs.TAG_MOVES), Manifest(), format_message(subject, meta), now)
+        importer.commit(refs.TAG_MOVES, mine, Manifest(), format_message(subject, meta), now, also_parents=seen)
 
 
 def _newest_snapshot(store: Store) -> str:

@@ -236,9 +236,13 @@ class TeamView:
         self._tags = (values, conflicts)
         return self._tags
 
+    def event_tips(self) -> dict[str, str]:
+        """``{writer: newest tag event}`` (``refs.TAG_MOVES`` of each writer)."""
+        return dict(self.versions.get(refs.published_name(refs.TAG_MOVES) or "", {}))
+
     def tag_events(self) -> list[TagEvent]:
-        """Every writer's tag events, oldest first."""
-        tips = list(self.versions.get(refs.published_name(refs.TAG_MOVES) or "", {}).values())
+        """Every writer's tag events, oldest first (an event after those it had seen)."""
+        tips = sorted(set(self.event_tips().values()))
         found = []
         for commit in reversed(self.store.commits(tips)) if tips else []:
             meta = commit.meta
@@ -283,6 +287,16 @@ class SyncResult:
                 "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches}
 
 
+def git_error(stderr: bytes, fallback: str) -> str:
+    """What git said went wrong talking to a remote: its first ``fatal:``/``error:`` line (the
+    ones after it are advice), else its last line."""
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        for prefix in ("fatal: ", "error: ", "ERROR: "):
+            if line.startswith(prefix) and line[len(prefix):].strip():
+                return line[len(prefix):].strip()
+    return last_line(stderr, fallback)
+
+
 def _git_remote(store: Store, remote: str, timeout: float | None, *args: str) -> Any:
     """Run a git command that talks to the remote; a timeout is the remote's failure (exit 3)."""
     try:
@@ -296,7 +310,7 @@ def ls_remote(store: Store, remote: str, timeout: float | None = None) -> dict[s
     """``{ref: oid}`` of every ref on the remote (RemoteError, exit 3, when unreachable)."""
     result = _git_remote(store, remote, timeout, "ls-remote", "--", remote)
     if result.returncode != 0:
-        raise RemoteError(f"cannot reach the remote {remote}: {last_line(result.stderr, 'git ls-remote failed')}",
+        raise RemoteError(f"cannot reach the remote {remote}: {git_error(result.stderr, 'git ls-remote failed')}",
                           hint="check [store] remote, the network and your git/SSH credentials; nothing changed")
     found = {}
     for line in result.stdout.decode("utf-8", "replace").splitlines():
@@ -356,7 +370,7 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
                                   "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
             if fetched.returncode != 0:
                 raise RemoteError(f"cannot fetch from the remote {remote}: "
-                                  f"{last_line(fetched.stderr, 'git fetch failed')}",
+                                  f"{git_error(fetched.stderr, 'git fetch failed')}",
                                   hint="nothing changed here; run `snapver sync` again")
             result.fetched = sorted(changed - {me})
         own = {}
@@ -396,7 +410,7 @@ def _publish(store: Store, remote: str, timeout: float | None, me: str, updates:
     pushed = _git_remote(store, remote, timeout, *args, remote, *specs)
     if pushed.returncode != 0:
         rejected = [line for line in pushed.stdout.decode("utf-8", "replace").splitlines() if line.startswith("!")]
-        reason = rejected[0].split("\t")[-1] if rejected else last_line(pushed.stderr, "git push failed")
+        reason = rejected[0].split("\t")[-1] if rejected else git_error(pushed.stderr, "git push failed")
         where = rejected[0].split("\t")[1].split(":")[-1] if rejected and "\t" in rejected[0] else ""
         raise RemoteError(f"the remote {remote} refused the push{' of ' + where if where else ''}: {reason}",
                           hint="nothing was published and nothing changed here; "
