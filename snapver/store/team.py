@@ -379,6 +379,7 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             if published is not None:
                 own[published] = commit
         updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
+        _check_forward(store, remote, me, updates, mine_there)
         deletions = sorted(name for name in mine_there if name not in own) if synced else []
         if updates or deletions:
             _publish(store, remote, timeout, me, updates, deletions, mine_there)
@@ -393,6 +394,24 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             if unseen:
                 result.diverged_patches[name] = versions
         return result
+
+
+# What only ever moves forward in a writer's namespace: a snapshot branch, a push ledger,
+# the tag events (a patch may be deleted and made anew; a tag moves anywhere).
+_FORWARD_ONLY = ("nodes/", "pushes/", "tag-moves")
+
+
+def _check_forward(store: Store, remote: str, me: str, updates: dict[str, str], remote_values: dict[str, str]) -> None:
+    """Refuse to publish a snapshot branch, ledger or event log that does not contain what the
+    remote holds for it: another store publishes under this writer id (its work would be lost)."""
+    for name, commit in sorted(updates.items()):
+        old = remote_values.get(name)
+        if old is None or not name.startswith(_FORWARD_ONLY):
+            continue
+        if run_git(store.path, "merge-base", "--is-ancestor", old, commit).returncode != 0:
+            raise RemoteError(f"not publishing {name}: the remote's {old[:10]} (writer {me}) is not in this "
+                              "store's history, so another store publishes under the same writer id",
+                              hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
 
 
 def _publish(store: Store, remote: str, timeout: float | None, me: str, updates: dict[str, str],

@@ -263,6 +263,22 @@ def test_sync_over_ssh_and_the_bad_remotes(tmp_path: Path, two_nodes: dict[str, 
     before = remote_refs(remote)
     one_error(snap(twin, "sync"), 3, "already publishes")
     assert remote_refs(remote) == before
+    # Even once it believes it synced before: its branches do not contain alice's, refused.
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
+                   check=True)
+    ok(twin, "pull", "ct200")
+    one_error(snap(twin, "sync"), 3, "same writer id")
+    assert remote_refs(remote) == before
+    # A remote whose hook refuses the push: exit 3, nothing published; the next sync completes.
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'no permission' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    ok(alice, "tag", "v2", "ct129")
+    one_error(snap(alice, "sync"), 3, "refused the push")
+    assert "refs/snapver/alice@lab/tags/v2" not in remote_refs(remote)
+    hook.unlink()
+    ok(alice, "sync")
+    assert "refs/snapver/alice@lab/tags/v2" in remote_refs(remote)
     # No remote configured: a config error; a locked store: exit 4.
     plain = tmp_path / "plain" / ".snapver"
     plain.parent.mkdir()
