@@ -41,8 +41,9 @@ def sync(
         out.print(f"up to date with {escape(result.remote)} (writer {escape(result.writer)})")
     else:
         got = f"fetched from {escape(', '.join(result.fetched))}" if result.fetched else "nothing new from others"
-        out.print(f"synced with {escape(result.remote)} as {escape(result.writer)}: {got}; "
-                  f"published {result.pushed} ref(s)" + (f", removed {result.deleted}" if result.deleted else ""))
+        sent = f"published {result.pushed} ref(s)" if result.pushed else "nothing to publish"
+        out.print(f"synced with {escape(result.remote)} as {escape(result.writer)}: {got}; {sent}"
+                  + (f", removed {result.deleted}" if result.deleted else ""))
     err = console(stderr=True)
     for name, values in sorted(result.tag_conflicts.items()):
         shown = " and ".join(f"{commit[:10]} ({escape(writer)})" for writer, commit in sorted(values.items()))

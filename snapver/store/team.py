@@ -380,7 +380,10 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
                 own[published] = commit
         updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
         _check_forward(store, remote, me, updates, mine_there)
-        deletions = sorted(name for name in mine_there if name not in own) if synced else []
+        # Only tags and patch names are ever deleted here; a snapshot branch, a ledger or the
+        # tag events missing here means this store is not the one that wrote them: keep them.
+        deletions = sorted(name for name in mine_there if name not in own
+                           and name.startswith(("tags/", "patches/"))) if synced else []
         if updates or deletions:
             _publish(store, remote, timeout, me, updates, deletions, mine_there)
             result.pushed, result.deleted = len(updates), len(deletions)
