@@ -9,7 +9,9 @@ holds nodes x (rounds + 1) snapshots. Timed, interleaved, ``--runs`` times each:
 
 - ``sync (first)``: `snapver sync` into an empty bare repository (every object and ref);
 - ``git push --mirror (first)``: the same store pushed by git itself into another one;
-- ``sync (unchanged)`` and ``git push --mirror (unchanged)``: the same again, nothing new.
+- ``sync (unchanged)`` and ``git push --mirror (unchanged)``: the same again, nothing new
+  (a sync is then one ``git ls-remote``; ``snapver --version`` is timed beside it: the
+  interpreter's start-up that every snapver command pays).
 
 The remote is a path, or with ``--ssh`` the bench's own loopback sshd (``ssh://``, the
 user's GIT_SSH_COMMAND set to its key and known_hosts), as a team would reach it.
@@ -111,6 +113,8 @@ def main() -> int:
             timed("git push --mirror (first)", mirror)
             timed("sync (unchanged)", snapver)
             timed("git push --mirror (unchanged)", mirror)
+            # What any snapver command costs before it does anything (Python and its imports).
+            timed("snapver --version (start-up)", [sys.executable, "-m", "snapver", "--version"])
         snapshots = subprocess.run(["git", "--git-dir", str(store), "rev-list", "--count", "--branches=nodes/*"],
                                    capture_output=True, text=True).stdout.strip()
         refs = subprocess.run(["git", "--git-dir", str(store), "for-each-ref", "refs/heads/", "refs/tags/"],
