@@ -53,6 +53,16 @@ def _config_get(store: Store, key: str) -> str | None:
     return result.stdout.decode().strip() or None if result.returncode == 0 else None
 
 
+def _config_all(store: Store) -> dict[str, str]:
+    """The store's ``snapver.*`` settings, in one git call."""
+    result = run_git(store.path, "config", "--get-regexp", r"^snapver\.")
+    found = {}
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        found[key] = value
+    return found
+
+
 def writer_of(store: Store) -> str:
     """This store's writer id (``snapver.writer``), else ``default_writer()``."""
     cached = getattr(store, "_team_writer", None)
@@ -345,7 +355,12 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
     and the next sync completes the work.
     """
     with store.lock(wait=lock_wait):
-        me = ensure_writer(store)
+        settings = _config_all(store)
+        if WRITER_KEY in settings:
+            store._team_writer = settings[WRITER_KEY]  # type: ignore[attr-defined]
+        else:
+            set_writer(store, default_writer())
+        me = writer_of(store)
         result = SyncResult(remote, me)
         listing = ls_remote(store, remote, timeout)
         ours = {name for name in listing if name.startswith(refs.REMOTE_SPACE)}
@@ -356,12 +371,13 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
                               hint="point [store] remote at an empty repository made for snapver "
                                    "(git init --bare), or one that other snapver stores sync with")
         remote_refs = {name[len(refs.REMOTE_SPACE):]: oid for name, oid in listing.items() if name in ours}
-        synced = _config_get(store, SYNCED_KEY) == "true"
+        synced = settings.get(SYNCED_KEY) == "true"
         mine_there = {name[len(me) + 1:]: oid for name, oid in remote_refs.items() if name.startswith(me + "/")}
         if mine_there and not synced:
             raise RemoteError(f"the writer id {me!r} already publishes to {remote} from another store",
                               hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
-        mirror = store.refs(refs.TEAM)
+        all_refs = store.refs("refs/")
+        mirror = {name[len(_TEAM_SHORT):]: commit for name, commit in all_refs.items() if name.startswith(_TEAM_SHORT)}
         if mirror != remote_refs:
             changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
             changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
@@ -374,7 +390,7 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
                                   hint="nothing changed here; run `snapver sync` again")
             result.fetched = sorted(changed - {me})
         own = {}
-        for name, commit in store.refs("refs/").items():
+        for name, commit in all_refs.items():
             published = refs.published_name("refs/" + name)
             if published is not None:
                 own[published] = commit
@@ -389,7 +405,7 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             result.pushed, result.deleted = len(updates), len(deletions)
         if not synced:
             store.git("config", SYNCED_KEY, "true")
-        view = TeamView(store)
+        view = TeamView(store, None if result.fetched or mirror != remote_refs or updates or deletions else all_refs)
         result.writers = view.writers
         result.tag_conflicts = view.tags()[1]
         for name, versions in view.by_writer(refs.PATCHES).items():
