@@ -5,6 +5,7 @@ real loopback sshd — with `snapver sync`. Checked with git itself on the remot
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -181,6 +182,20 @@ def test_a_tag_two_writers_set_apart_is_a_conflict_until_one_forces_it(tmp_path:
     assert "refs/snapver/alice@lab/tags/v1" in remote_refs(remote)
     for config in (alice, bob):
         assert "v1" not in ok(config, "tag", "--list").out
+
+    # A push bob's store began and never finished (its record left "started", as a killed
+    # push leaves it): alice sees it once both synced, with who left it.
+    meta = json.dumps({"v": 1, "kind": "push", "action": "push", "state": "started", "patch": "fix",
+                       "node": "ct129", "writer": "bob@lab"})
+    git = ["git", "--git-dir", str(bob.parent / "snapshots")]
+    record = subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree",
+                             "refs/heads/nodes/ct129^{tree}", "-m", f"push fix to ct129\n\nsnapver-meta: {meta}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([*git, "update-ref", "refs/heads/pushes/ct129", record], check=True)
+    ok(bob, "sync")
+    ok(alice, "sync")
+    status = snap(alice, "status", "ct129")
+    assert "ct129: INTERRUPTED push fix (" in status.out and " by bob@lab)" in status.out, status
 
 
 def test_push_refuses_a_patch_whose_newest_version_it_has_not_seen(tmp_path: Path,
