@@ -85,6 +85,19 @@ def describe(commit: Commit, tags: dict[str, list[str]],
         writer=meta["writer"] if isinstance(meta.get("writer"), str) else None)
 
 
+def _interleave(commits: list[Commit]) -> list[Commit]:
+    """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
+    (the higher writer id first), each writer's own order kept (git's, which is topological)."""
+    import heapq
+
+    by_writer: dict[str, list[Commit]] = {}
+    for commit in commits:
+        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
+    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
+    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
+                            key=lambda commit: -commit.time.timestamp()))
+
+
 def parse_since(text: str) -> datetime:
     """The moment ``log --since`` starts at: a day (``2026-05-22``, ``may22``: its start,
     local time) or an ISO time. UsageError otherwise."""
@@ -121,7 +134,9 @@ def log(store: Store, config: Config, node: str | None = None, limit: int | None
              if node is None or name.startswith(node + "/")]
     tags = tags_by_commit(store, view)
     pushed = push_events(store, view)
-    commits = store.commits(revs, limit=None if since else limit)
+    commits = store.commits(revs, limit=None if since is not None or view.is_team else limit)
+    if view.is_team:
+        commits = _interleave(commits)[:None if since is not None else limit]
     if since is not None:
         commits = [c for c in commits if c.time >= since][:limit]
     return [describe(c, tags, pushed) for c in commits]
