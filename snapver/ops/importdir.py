@@ -147,7 +147,8 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
         changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
         meta: dict[str, Any] = {
             "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
-            "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout, "site_packages": folder.site,
+            "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout,
+            "site_packages": folder.site,
             "time": moment.isoformat(timespec="seconds"),
             "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "paths": list(folder.tracked), "dists": dists, "files": len(manifest), "changed": changed,

@@ -242,7 +242,8 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
             seen = {parent, *previous}
             versions = {own, *view.by_writer(refs.PATCHES).get(name, {}).values()} - {None}
             previous += tuple(commit for commit in sorted(versions)  # type: ignore[type-var]
-                              if commit not in seen and not any(view.contains(known, commit) for known in seen if known))
+                              if commit not in seen
+                              and not any(view.contains(known, commit) for known in seen if known))
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
                                    now, also_parents=previous)
         commit = importer.results[mark]
