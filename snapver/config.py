@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,10 @@ class Config:
     waves: str | None = None  # [defaults] waves: how a push rolls out when --waves is not given
     # [ui] pager: True (the default: $SNAPVER_PAGER, $PAGER or less), False (never), or a command.
     pager: bool | str = True
+    # [store] remote: where `snapver sync` shares the store (anything git can push to); a
+    # relative path is made absolute against the config's folder.
+    remote: str | None = None
+    sync: str = "manual"  # [store] sync: "auto" syncs before reading commands and after writing ones
 
     def node(self, name: str) -> NodeSpec:
         """The node called ``name``; an unknown name is a usage error listing the known."""
@@ -190,13 +195,21 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     if not isinstance(pager, (bool, str)):
         raise fail("ui.pager", f"expected true, false or a command, got {type(pager).__name__} {pager!r}")
     store = _table(data, "store", fail)
-    _check_keys(store, {"path"}, "store.", fail)
+    _check_keys(store, {"path", "remote", "sync"}, "store.", fail)
     store_value = store.get("path", "snapshots")
     if not isinstance(store_value, str) or not store_value:
         raise fail("store.path", "expected a non-empty string")
     store_path = Path(os.path.expanduser(store_value))
     if not store_path.is_absolute():
         store_path = path.resolve().parent / store_path
+    remote = store.get("remote")
+    if remote is not None:
+        if not isinstance(remote, str) or not remote.strip() or remote.startswith("-"):
+            raise fail("store.remote", "expected a git URL or a path (ssh://host/path, git@host:path, /path)")
+        remote = _remote_location(remote.strip(), path)
+    sync = store.get("sync", "manual")
+    if sync not in ("auto", "manual"):
+        raise fail("store.sync", f'expected "auto" or "manual", got {sync!r}')
 
     defaults = dict(_table(data, "defaults", fail))
     _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves"}, "defaults.", fail)
@@ -233,7 +246,17 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
         groups[name] = tuple(members)
-    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves, pager=pager)
+    return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves, pager=pager,
+                  remote=remote, sync=sync)
+
+
+def _remote_location(remote: str, config_path: Path) -> str:
+    """A remote as git should be given it: URLs (``scheme://``) and scp-like ``host:path``
+    as they are; a path made absolute (``~`` expanded, relative to the config's folder)."""
+    if "://" in remote or re.match(r"^[^/]+:", remote):
+        return remote
+    location = Path(os.path.expanduser(remote))
+    return os.path.normpath(location if location.is_absolute() else config_path.resolve().parent / location)
 
 
 def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:

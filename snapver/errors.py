@@ -73,3 +73,7 @@ class StoreLockedError(StoreError):
 
 class GitTimeoutError(StoreError):
     """A git process on the store that did not finish (or answer) in time, and was killed."""
+
+
+class RemoteError(TransportError):
+    """The team remote (`[store] remote`) that cannot be reached, refused a push, or is no snapver store."""

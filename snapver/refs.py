@@ -34,6 +34,7 @@ from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config, NodeSpec
 from snapver.errors import RefError, StoreError
 from snapver.store import refs as store_refs
 from snapver.store.repo import Commit, Store
+from snapver.store.team import TeamView, tag_conflict_error
 
 _HEX = re.compile(r"^[0-9a-fA-F]{4,40}$")  # git's shortest abbreviation: 4
 _TILDE = re.compile(r"^(?P<base>.+?)~(?P<n>\d*)$")
@@ -111,7 +112,7 @@ class Resolver:
         self.store = store
         self.config = config
         self.folder_root = folder_root  # `--root PREFIX`: where a folder ref's root sits
-        self._all_refs: dict[str, str] | None = None
+        self._view: TeamView | None = None
 
     # -- the two entry points ---------------------------------------------------------
     def tree(self, text: str) -> TreeRef:
@@ -180,12 +181,26 @@ class Resolver:
         node, _, at = text.rpartition("@")
         return node, at
 
+    def _team(self) -> TeamView | None:
+        """Every writer's refs merged (store/team.py), read once (one git call)."""
+        if self._view is None and self.store is not None:
+            self._view = TeamView(self.store)
+        return self._view
+
     def _refs_under(self, prefix: str) -> dict[str, str]:
-        """``{name: commit}`` of the store's refs below ``prefix`` (all read in one git call)."""
-        if self._all_refs is None:
-            self._all_refs = self.store.refs("refs/") if self.store is not None else {}
-        short = prefix[len("refs/"):]
-        return {name[len(short):]: commit for name, commit in self._all_refs.items() if name.startswith(short)}
+        """``{name: commit}`` below ``prefix``, one value per name across the team's writers."""
+        view = self._team()
+        return view.under(prefix) if view is not None else {}
+
+    def _tag(self, name: str) -> str | None:
+        """The team's value of tag ``name``; a tag whose writers disagree is an error naming both."""
+        view = self._team()
+        if view is None:
+            return None
+        values, conflicts = view.tags()
+        if name in conflicts:
+            raise tag_conflict_error(name, conflicts[name])
+        return values.get(name)
 
     def _heads_map(self) -> dict[str, str]:
         return self._refs_under(store_refs.NODES)
@@ -216,7 +231,7 @@ class Resolver:
                            hint=f"known nodes: {', '.join(self._known_nodes()) or '(none)'}")
         if at.lower() == "latest":
             return self._newest(node)
-        tagged = self._refs_under(store_refs.TAGS).get(at)
+        tagged = self._tag(at)
         if tagged is not None:  # a tag beats a date of the same spelling
             return self._at_tag(node, at, tagged, text)
         limit = _parse_moment(at)
@@ -252,6 +267,14 @@ class Resolver:
 
     def _qualified(self, full_ref: str, text: str) -> str:
         name = full_ref.split("/", 2)[-1] if not text.startswith("refs/") else full_ref
+        if text.startswith(tuple(_QUALIFIERS)):  # a team-wide name
+            self._require_store(text)
+            qualifier = text[:text.index("/") + 1]
+            kind_prefix, short = _QUALIFIERS[qualifier], text[len(qualifier):]
+            commit = self._tag(short) if kind_prefix == store_refs.TAGS else self._refs_under(kind_prefix).get(short)
+            if commit is None:
+                raise self._unknown(text)
+            return commit
         commit = self._require_store(text).ref(full_ref) if store_refs.valid_ref_name(name) else None
         if commit is None:
             raise self._unknown(text)
@@ -262,10 +285,12 @@ class Resolver:
         found: list[tuple[str, str]] = []
         if text in self.config.nodes or text in self._heads_map():
             found.append(("node", text))
-        for kind, prefix in (("tag", store_refs.TAGS), ("patch", store_refs.PATCHES)):
-            commit = self._refs_under(prefix).get(text)
-            if commit:
-                found.append((kind, commit))
+        tagged = self._tag(text)
+        if tagged:
+            found.append(("tag", tagged))
+        patch = self._refs_under(store_refs.PATCHES).get(text)
+        if patch:
+            found.append(("patch", patch))
         return found
 
     @staticmethod
@@ -283,9 +308,12 @@ class Resolver:
 
     def _history(self, node: str) -> list[Commit]:
         head = self._newest(node)
-        # Imports older than the head sit beside its branch (store/refs.py import_ref).
+        # Every writer's branch of the node (a team store), and imports older than a head,
+        # which sit beside its branch (store/refs.py import_ref).
+        view = self._team()
+        tips = view.tips(store_refs.NODES, node) if view is not None else [head]
         imported = list(self._refs_under(f"{store_refs.IMPORTS}{node}/").values())
-        return self._require_store(node).commits([head, *imported])
+        return self._require_store(node).commits([head, *tips, *imported])
 
     def _history_hint(self, node: str) -> str:
         days = sorted({local_day(c).isoformat() for c in self._history(node)})

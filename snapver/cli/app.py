@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 COMMANDS = {
     "init": "store_cmds", "nodes": "store_cmds", "pull": "pull", "log": "store_cmds", "show": "store_cmds",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
-    "rollback": "push", "ps": "ps", "import": "importdir", "fsck": "store_cmds",
+    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "store_cmds",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "render", "options", "completion"}
@@ -145,10 +145,48 @@ class Globals:
 
         return load_config(self.config_path)
 
+    command: Optional[str] = None  # the command being run (for `[store] sync = "auto"`)
+    auto_synced: bool = False
+    opened: Optional[tuple["Store", "Config"]] = None  # the store a command opened, to sync after it
+
     def store(self, config: "Config", create: bool = False) -> "Store":
         from snapver.store.repo import Store
 
-        return Store.open_or_create(config.store_path) if create else Store(config.store_path)
+        store = Store.open_or_create(config.store_path) if create else Store(config.store_path)
+        self.opened = (store, config)
+        if self.command in SYNC_BEFORE and not self.auto_synced:
+            auto_sync(store, config)
+        return store
+
+
+# `[store] sync = "auto"`: commands that read what others may have written sync first, and
+# commands that write sync after (push and rollback both: a push checks the patch's newest version).
+SYNC_BEFORE = frozenset({"log", "show", "diff", "status", "tag", "patch", "push", "rollback"})
+SYNC_AFTER = frozenset({"pull", "tag", "patch", "push", "rollback", "import"})
+
+
+def auto_sync(store: "Store", config: "Config") -> None:
+    """One sync with a short timeout when the config asks for it; offline (or any failure)
+    is one warning line on stderr, never a failed command."""
+    if config.sync != "auto" or not config.remote or STATE.command == "sync":
+        return
+    from snapver.errors import SnapverError
+    from snapver.store.team import AUTO_SYNC_TIMEOUT, sync
+
+    STATE.auto_synced = True
+    try:
+        sync(store, config.remote, timeout=AUTO_SYNC_TIMEOUT, lock_wait=AUTO_SYNC_TIMEOUT)
+    except SnapverError as exc:
+        import sys
+
+        print(f"snapver: warning: not synced with the team ({exc.message}); working offline",
+              file=sys.stderr)
+
+
+def _sync_after() -> None:
+    if STATE.opened is not None:
+        STATE.auto_synced = False
+        auto_sync(*STATE.opened)
 
 
 STATE = Globals()
@@ -200,6 +238,9 @@ def main_options(
     STATE.verbose = verbose or os.environ.get("SNAPVER_DEBUG") == "1"
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
     STATE.no_pager = no_pager
+    STATE.command, STATE.auto_synced, STATE.opened = ctx.invoked_subcommand, False, None
+    if ctx.invoked_subcommand in SYNC_AFTER:
+        ctx.call_on_close(_sync_after)
     if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:
         from snapver.cli.render import hold_for_pager, release_to_pager
 

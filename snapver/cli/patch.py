@@ -202,7 +202,8 @@ def show(
     folder = checkout_folder(store, name)
     if json_out:
         emit_json({**patch.to_json(), "history": [{"id": c.id, "time": c.time.isoformat(),
-                                                    "source": c.meta.get("source"), "base": c.meta.get("base")}
+                                                    "source": c.meta.get("source"), "base": c.meta.get("base"),
+                                                    "writer": c.meta.get("writer")}
                                                    for c in commits],
                    "checkout": str(folder) if folder.is_dir() else None})
         return 0
@@ -217,11 +218,15 @@ def show(
         out.print(f"message:  {escape(patch.message)}")
     if all_history:
         out.print(f"history:  {len(commits)} version(s), newest first")
+        # A patch edited in several stores (a team): each version says whose it is.
+        by_writer = len({c.meta.get("writer") for c in commits}) > 1
         for c in commits:
             line = str(c.meta.get("message") or "").splitlines()
             source = escape(str(c.meta.get("source", "?")))
             out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {source:<7}"
-                      f"  base {str(c.meta.get('base', '?'))[:10]}" + (f"  {escape(line[0])}" if line else ""))
+                      f"  base {str(c.meta.get('base', '?'))[:10]}"
+                      + (f"  by {escape(str(c.meta.get('writer') or '?'))}" if by_writer else "")
+                      + (f"  {escape(line[0])}" if line else ""))
     else:
         out.print(f"history:  {len(commits)} commit(s): "
                   + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5])

@@ -88,8 +88,14 @@ def render_status(result: Any) -> None:
             what = f"{push['action']} {push.get('patch') or ''}".strip()
             when = str(push.get("time", ""))[:16].replace("T", " ")
             if push.get("interrupted"):
-                out.print(f"[red]{escape(row.node)}: INTERRUPTED {escape(what)} ({when})[/red]: "
+                by = f" by {escape(push['writer'])}" if push.get("writer") else ""
+                out.print(f"[red]{escape(row.node)}: INTERRUPTED {escape(what)} ({when}{by})[/red]: "
                           f"run `snapver rollback {escape(row.node)}` to repair it")
+            elif push.get("writer"):  # a team store: the ledger says who
+                verb = "pushed" if push["action"] == "push" else "rolled back"
+                out.print(f"{escape(row.node)}: " + (f"patch {escape(push['patch'])} " if push.get("patch") else "")
+                          + f"({verb} by {escape(push['writer'])} {when}, {escape(push['state'])})"
+                          + (f": {escape(push['waves'])}" if push.get("waves") else ""))
             else:
                 out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})"
                           + (f": {escape(push['waves'])}" if push.get("waves") else ""))

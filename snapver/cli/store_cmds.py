@@ -15,6 +15,9 @@ from snapver.cli.render import console, emit_json, escape, fields_line, human_by
 @app.command()
 def init(
     local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
+    writer: Optional[str] = typer.Option(None, "--writer", metavar="NAME",
+                                         help="This store's writer id for `snapver sync` (default: user@host); "
+                                              "on an existing store, changes it."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
@@ -22,13 +25,14 @@ def init(
     Examples:
       snapver init            # then add your nodes to .snapver
       snapver init --local    # this machine's site-packages as node `local`
+      snapver init --writer alice@lab   # the name a team remote knows this store by
     """
     from snapver.ops.init import init as run_init
 
-    result = run_init(Path.cwd(), local=local)
+    result = run_init(Path.cwd(), local=local, writer=writer)
     if json_out:
         emit_json({"config": str(result.config_path), "config_created": result.config_created,
-                   "store": str(result.store_path), "local": local})
+                   "store": str(result.store_path), "local": local, "writer": result.writer})
         return 0
     out = console()
     if result.config_created:
@@ -36,7 +40,8 @@ def init(
                   + ("(node `local`: this Python's site-packages)" if local else "(edit it to add your nodes)"))
     else:
         out.print(f"kept the existing {escape(str(result.config_path))}")
-    out.print(f"store ready at {escape(str(result.store_path))}")
+    out.print(f"store ready at {escape(str(result.store_path))}"
+              + (f" (writer {escape(result.writer)})" if writer is not None else ""))
     return 0
 
 
@@ -109,8 +114,12 @@ def log(
         out.print("no snapshots yet" + (f" of {escape(node)}" if node else "")
                   + (f" since {escape(since)}" if since else "") + (" (run `snapver pull`)" if not since else ""))
     width = max((len(s.made_by) for s in snapshots), default=0)
+    # A team store's log says who took each snapshot (only when more than one store did).
+    by_writer = len({s.writer for s in snapshots}) > 1
     for s in snapshots:
         tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
+        if by_writer:
+            tags += f" by {escape(s.writer or '?')}"
         event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
         note = [show_path(s.message)] if s.message else []
         if oneline:

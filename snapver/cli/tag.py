@@ -42,7 +42,8 @@ def tag(
             out.print("no tags yet (snapver tag NAME [REF])")
         for info in tags if not json_out else []:
             out.print(f"{escape(info.name):<20} {info.commit[:10]}  {info.time:%Y-%m-%d %H:%M}  "
-                      f"{escape(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else ""))
+                      f"{escape(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else "")
+                      + (f"  [red]{escape(info.note)}[/red]" if info.note else ""))
         return 0
     if name is None:
         raise UsageError("-d needs the tag to delete: snapver tag -d NAME")

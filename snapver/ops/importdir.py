@@ -33,6 +33,7 @@ from snapver.ops.tag import check_tag_name
 from snapver.refs import FolderTree, resolve_folder, tracked_paths
 from snapver.store import refs
 from snapver.store.repo import Store, blob_oid, format_message
+from snapver.store.team import writer_of
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
 DATE_FORM = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
@@ -146,7 +147,8 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
         changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
         meta: dict[str, Any] = {
             "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
-            "source": str(folder.path), "layout": folder.layout, "site_packages": folder.site,
+            "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout,
+            "site_packages": folder.site,
             "time": moment.isoformat(timespec="seconds"),
             "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "paths": list(folder.tracked), "dists": dists, "files": len(manifest), "changed": changed,

@@ -8,7 +8,9 @@ from importlib import resources
 from pathlib import Path
 
 from snapver.config import CONFIG_NAME, load_config
+from snapver.store.refs import check_writer
 from snapver.store.repo import Store
+from snapver.store.team import ensure_writer, set_writer
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,7 @@ class InitResult:
     config_path: Path
     config_created: bool
     store_path: Path
+    writer: str = ""
 
 
 def example_text() -> str:
@@ -26,11 +29,13 @@ def example_text() -> str:
 LOCAL_NODE = ("# [nodes.local]\n", "# local = true\n", "# site_packages = ")
 
 
-def init(folder: Path, local: bool = False) -> InitResult:
+def init(folder: Path, local: bool = False, writer: str | None = None) -> InitResult:
     """Create `.snapver` (unless one is there) and the store it names.
 
     It names no node unless asked: ``local`` adds node ``local``, this Python's
     site-packages (the embedded default's node); else every node example stays a comment.
+    The store gets a writer id (``writer``, else ``user@host``), which names what it
+    publishes to a team remote (`snapver sync`); init on an existing store changes it.
     """
     config_path = folder / CONFIG_NAME
     created = False
@@ -42,6 +47,10 @@ def init(folder: Path, local: bool = False) -> InitResult:
                 text = text.replace(line, line[2:], 1)
         config_path.write_text(text, encoding="utf-8")
         created = True
+    if writer is not None:
+        check_writer(writer)
     config = load_config(str(config_path))
-    Store.create(config.store_path)
-    return InitResult(config_path, created, config.store_path)
+    store = Store.create(config.store_path)
+    if writer is not None:
+        set_writer(store, writer)
+    return InitResult(config_path, created, config.store_path, ensure_writer(store))

@@ -12,6 +12,7 @@ from snapver.model import MANIFEST_PATH, Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
+from snapver.store.team import TeamView
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class SnapshotInfo:
     meta: dict
     event: str = "pull"  # what made it: pull | push | rollback | import (a patch commit: patch)
     patch: str | None = None  # the patch a push wrote
+    writer: str | None = None  # the store that took it (a team store's writer id; None before writer ids)
 
     @property
     def made_by(self) -> str:
@@ -38,20 +40,23 @@ class SnapshotInfo:
     def to_json(self) -> dict:
         return {"id": self.id, "time": self.time.isoformat(), "node": self.node, "files": self.files,
                 "changed": self.changed, "tags": list(self.tags), "dists": list(self.dists),
-                "event": self.event, "patch": self.patch, "message": self.message, "meta": self.meta}
+                "event": self.event, "patch": self.patch, "writer": self.writer, "message": self.message,
+                "meta": self.meta}
 
 
-def tags_by_commit(store: Store) -> dict[str, list[str]]:
+def tags_by_commit(store: Store, view: TeamView | None = None) -> dict[str, list[str]]:
+    """``{commit: [tag, ...]}`` of the team's tags (a tag whose writers disagree names none)."""
     found: dict[str, list[str]] = {}
-    for name, commit in store.refs(refs.TAGS).items():
+    for name, commit in (view or TeamView(store)).merged(refs.TAGS).items():
         found.setdefault(commit, []).append(name)
     return found
 
 
-def push_events(store: Store) -> dict[str, tuple[str, str | None]]:
+def push_events(store: Store, view: TeamView | None = None) -> dict[str, tuple[str, str | None]]:
     """``{snapshot: (action, patch)}`` for the snapshots push records name as taken after
     their writes: what made the snapshots of stores written before snapshots said it."""
-    tips = [refs.PUSHES + name for name in store.refs(refs.PUSHES)]
+    view = view or TeamView(store)
+    tips = sorted({commit for by in view.by_writer(refs.PUSHES).values() for commit in by.values()})
     found: dict[str, tuple[str, str | None]] = {}
     for record in store.commits(tips) if tips else []:
         after = record.meta.get("after")
@@ -76,7 +81,21 @@ def describe(commit: Commit, tags: dict[str, list[str]],
         tags=tuple(sorted(tags.get(commit.id, []))),
         dists=tuple(f"{name} {version}" for name, version in meta.get("dists", [])),
         message=meta.get("message", ""), meta=meta, event=event,
-        patch=patch if isinstance(patch, str) else None)
+        patch=patch if isinstance(patch, str) else None,
+        writer=meta["writer"] if isinstance(meta.get("writer"), str) else None)
+
+
+def _interleave(commits: list[Commit]) -> list[Commit]:
+    """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
+    (the higher writer id first), each writer's own order kept (git's, which is topological)."""
+    import heapq
+
+    by_writer: dict[str, list[Commit]] = {}
+    for commit in commits:
+        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
+    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
+    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
+                            key=lambda commit: -commit.time.timestamp()))
 
 
 def parse_since(text: str) -> datetime:
@@ -99,22 +118,25 @@ def parse_since(text: str) -> datetime:
 def log(store: Store, config: Config, node: str | None = None, limit: int | None = None,
         since: datetime | None = None) -> list[SnapshotInfo]:
     """Snapshots newest first, of one node or of all (``since``: only those taken then or later)."""
-    heads = store.refs(refs.NODES)
+    view = TeamView(store)
+    heads = view.by_writer(refs.NODES)  # every writer's branch of each node (a team store)
     if node is not None:
         if node not in heads:
             if node in config.nodes:
                 return []
             raise UsageError(f"unknown node {node!r}",
                              hint=f"known nodes: {', '.join(sorted(set(heads) | set(config.nodes)))}")
-        revs = [refs.node_ref(node)]
+        revs = sorted(set(heads[node].values()))
     else:
-        revs = [refs.node_ref(name) for name in sorted(heads)]
+        revs = sorted({commit for by in heads.values() for commit in by.values()})
     # Imported snapshots older than their node's head are kept beside its branch.
-    revs += [refs.IMPORTS + name for name in sorted(store.refs(refs.IMPORTS))
+    revs += [commit for name, commit in sorted(view.merged(refs.IMPORTS).items())
              if node is None or name.startswith(node + "/")]
-    tags = tags_by_commit(store)
-    pushed = push_events(store)
-    commits = store.commits(revs, limit=None if since else limit)
+    tags = tags_by_commit(store, view)
+    pushed = push_events(store, view)
+    commits = store.commits(revs, limit=None if since is not None or view.is_team else limit)
+    if view.is_team:
+        commits = _interleave(commits)[:None if since is not None else limit]
     if since is not None:
         commits = [c for c in commits if c.time >= since][:limit]
     return [describe(c, tags, pushed) for c in commits]

@@ -31,6 +31,7 @@ from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.pack import current_umask
 from snapver.store.repo import BIG_BLOB, Store, blob_oid, format_message, git_timeout
+from snapver.store.team import TeamView, writer_of
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
@@ -91,12 +92,26 @@ def entry_for(path: str, kind: str, mode: int, data: bytes) -> Entry:
 
 # -- reading ---------------------------------------------------------------------------
 def patch_names(store: Store) -> list[str]:
-    return sorted(store.refs(refs.PATCHES))
+    """Every patch name of the team (any writer's)."""
+    return sorted(TeamView(store).merged(refs.PATCHES))
+
+
+def patch_tip(store: Store, name: str) -> str | None:
+    """The current version of patch ``name`` across writers (``TeamView.patch_tip``), or None."""
+    return TeamView(store).merged(refs.PATCHES).get(name) if refs.valid_ref_name(name) else None
+
+
+def unseen_versions(store: Store, name: str) -> dict[str, str]:
+    """``{writer: commit}`` of the versions of a patch that its current version does not
+    contain (two writers edited it apart): a push refuses until one version has seen them all."""
+    view = TeamView(store)
+    versions = view.by_writer(refs.PATCHES).get(name, {})
+    return view.patch_tip(versions)[1] if versions else {}
 
 
 def load_patch(store: Store, name: str, with_files: bool = True) -> Patch:
     """The patch called ``name``; an unknown name is a RefError listing the known ones."""
-    tip = store.ref(refs.patch_ref(name)) if refs.valid_ref_name(name) else None
+    tip = patch_tip(store, name)
     if tip is None:
         known = patch_names(store)
         raise RefError(f"unknown patch {name!r}", hint=f"known patches: {', '.join(known) or '(none)'}")
@@ -135,9 +150,11 @@ def list_patches(store: Store) -> list[Patch]:
 
 
 def history(store: Store, name: str) -> list[Any]:
-    """The patch's own commits, newest first (saves and rebases, down to its base)."""
+    """The patch's own commits, newest first (saves and rebases, down to its base), of every
+    writer's version (``meta["writer"]`` says whose)."""
     patch = load_patch(store, name, with_files=False)
-    commits = store.commits([patch.commit, f"^{patch.base}"])
+    versions = TeamView(store).tips(refs.PATCHES, name) or [patch.commit]
+    commits = store.commits([*versions, f"^{patch.base}"])
     return [c for c in commits if c.meta.get("kind") == "patch" and c.meta.get("name") == name]
 
 
@@ -184,7 +201,7 @@ def check_new_name(store: Store, config: Config, name: str) -> None:
     refs.check_name("patch", name)
     if name in config.nodes or name in store.refs(refs.NODES):
         raise UsageError(f"a patch cannot be named like the node {name!r}")
-    if store.ref(refs.patch_ref(name)):
+    if patch_tip(store, name):
         raise UsageError(f"patch {name!r} already exists",
                          hint=f"pick another name, or `snapver patch delete {name}` first")
 
@@ -207,21 +224,31 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
     """
     scratch = f"refs/snapver/scratch/{name}-{os.getpid()}"
     now = datetime.now(timezone.utc)
-    meta = {**meta, "v": 1, "kind": "patch", "name": name, "time": now.isoformat(timespec="seconds")}
+    meta = {**meta, "v": 1, "kind": "patch", "name": name, "time": now.isoformat(timespec="seconds"),
+            "writer": writer_of(store)}
     subject = f"patch {name}: {meta.get('files', 0)} files on {meta.get('base_node', '?')} {meta['base'][:10]}"
     with store.lock():
-        current = store.ref(refs.patch_ref(name))
+        view = TeamView(store)
+        current = view.merged(refs.PATCHES).get(name)
         if current != old_tip:
             raise ConflictError(f"patch {name!r} changed while this command ran", hint="run it again")
+        own = store.ref(refs.patch_ref(name))
         with store.importer() as importer:
             for data in blobs:
                 importer.add_blob(data)
             previous = (old_tip,) if old_tip is not None and old_tip != parent else ()
+            # Versions of other writers (and our own) that this one has not got yet become its
+            # parents too: a new version has seen every version synced here (store/team.py).
+            seen = {parent, *previous}
+            versions = {own, *view.by_writer(refs.PATCHES).get(name, {}).values()} - {None}
+            previous += tuple(commit for commit in sorted(versions)  # type: ignore[type-var]
+                              if commit not in seen
+                              and not any(view.contains(known, commit) for known in seen if known))
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
                                    now, also_parents=previous)
         commit = importer.results[mark]
         try:
-            store.update_ref(refs.patch_ref(name), commit, old_tip or "0" * 40)
+            store.update_ref(refs.patch_ref(name), commit, own or "0" * 40)
         finally:
             store.delete_ref(scratch)
     return commit
@@ -671,7 +698,7 @@ def save_patch(store: Store, config: Config, name: str, message: str = "") -> Sa
         raise UsageError(f"patch {name!r} has no checkout at {folder}",
                          hint=f"make one with `snapver patch new {name}`")
     marker = _read_marker(folder)
-    tip = store.ref(refs.patch_ref(name))
+    tip = patch_tip(store, name)
     if tip != marker.get("head"):
         raise ConflictError(f"patch {name!r} moved since {folder} was checked out "
                             f"({str(marker.get('head'))[:10]} → {str(tip)[:10]})",
@@ -712,10 +739,15 @@ def delete_patch(store: Store, name: str) -> Patch:
     """Delete a patch's name; its history moves to ``refs.deleted_patch_ref`` (push records
     may name any of its versions, so they stay in the store)."""
     patch = load_patch(store, name, with_files=False)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{patch.commit[:10]}"
+    own = store.ref(refs.patch_ref(name))
+    if own is None:
+        writers = ", ".join(sorted(TeamView(store).by_writer(refs.PATCHES).get(name, {})))
+        raise UsageError(f"patch {name!r} is not this store's: {writers} wrote it",
+                         hint="a writer deletes its own version of a patch")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{own[:10]}"
     with store.lock():
-        moves = (f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {patch.commit}\n"
-                 f"delete {refs.patch_ref(name)} {patch.commit}\ncommit\n")
+        moves = (f"start\ncreate {refs.deleted_patch_ref(name, stamp)} {own}\n"
+                 f"delete {refs.patch_ref(name)} {own}\ncommit\n")
         store.git("update-ref", "--stdin", input=moves.encode())
     return patch
 

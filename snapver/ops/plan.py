@@ -37,6 +37,7 @@ from snapver.errors import Cancelled, ConflictError, RemotePathError, SnapverErr
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
+from snapver.store.team import TeamView, writer_of
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
@@ -446,6 +447,7 @@ class PushState:
     after: str | None
     running: bool = False
     waves: str | None = None  # "stopped after 1 of 2 wave(s) (1,100%)" for a push in waves that stopped
+    writer: str | None = None  # who wrote the record, in a team store (None: this store alone)
 
     @property
     def interrupted(self) -> bool:
@@ -456,14 +458,15 @@ class PushState:
         return {"node": self.node, "record": self.record, "action": self.action, "state": self.state,
                 "patch": self.patch, "time": self.time.isoformat(), "before": self.before,
                 "restore": self.restore, "after": self.after, "running": self.running,
-                "interrupted": self.interrupted, "waves": self.waves}
+                "interrupted": self.interrupted, "waves": self.waves, "writer": self.writer}
 
 
-def _state_of(node: str, commit: Commit, running: bool = False) -> PushState:
+def _state_of(node: str, commit: Commit, running: bool = False, team: bool = False) -> PushState:
     meta = commit.meta
+    writer = meta.get("writer") if team and isinstance(meta.get("writer"), str) else None
     return PushState(node, commit.id, meta.get("action", "push"), meta.get("state", "?"), meta.get("patch"),
                      commit.time.astimezone(), meta.get("before"), meta.get("restore") or meta.get("before"),
-                     meta.get("after"), running, _waves_note(meta))
+                     meta.get("after"), running, _waves_note(meta), writer)
 
 
 def _waves_note(meta: dict[str, Any]) -> str | None:
@@ -475,32 +478,40 @@ def _waves_note(meta: dict[str, Any]) -> str | None:
             f"{meta.get('of_waves', '?')} wave(s) ({meta['waves']})")
 
 
+def _record_tips(store: Store, node: str) -> tuple[list[str], TeamView]:
+    """Every writer's push-record branch of ``node`` (a team store's ledger is everyone's)."""
+    view = TeamView(store)
+    return view.tips(refs.PUSHES, node), view
+
+
 def newest_record(store: Store, node: str, check_lock: bool = True) -> PushState | None:
-    """The node's newest push record; ``running`` if it is "started" and the store is locked."""
-    tip = store.ref(refs.push_ref(node))
-    if tip is None:
+    """The node's newest push record (of any writer); ``running`` if it is "started", ours
+    and the store is locked."""
+    tips, view = _record_tips(store, node)
+    if not tips:
         return None
-    commit = store.commit(tip)
+    commit = view.commit(view.newest({str(i): tip for i, tip in enumerate(tips)}))
+    ours = not view.is_team or commit.meta.get("writer") in (None, view.me)
     # A shared-lock probe: the threads of one command (status of several nodes) never take
     # each other's probe for a running push.
-    running = check_lock and commit.meta.get("state") == "started" and store.is_locked()
-    return _state_of(node, commit, running)
+    running = check_lock and ours and commit.meta.get("state") == "started" and store.is_locked()
+    return _state_of(node, commit, running, view.is_team)
 
 
 def last_push(store: Store, node: str) -> PushState | None:
     """The newest push that changed the node and was not undone (by its own failure
-    handling); its ``restore`` is the state before it."""
-    tip = store.ref(refs.push_ref(node))
-    if tip is None:
+    handling), by any writer; its ``restore`` is the state before it."""
+    tips, view = _record_tips(store, node)
+    if not tips:
         return None
     seen: set[str] = set()
-    for commit in store.commits([tip]):
+    for commit in store.commits(tips):
         push_id = commit.meta.get("push_id", commit.id)
         if push_id in seen:
             continue
         seen.add(push_id)
         if commit.meta.get("action") == "push" and commit.meta.get("state") in ("done", "started", "failed"):
-            return _state_of(node, commit)
+            return _state_of(node, commit, team=view.is_team)
     return None
 
 
@@ -520,11 +531,12 @@ def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> d
     store write; returns ``{node: record commit}``."""
     now = datetime.now(timezone.utc)
     marks = {}
+    writer = writer_of(store)  # the ledger says who (a team store's push records are everyone's)
     with store.importer() as importer:
         for row in rows:
             node = row["node"]
             meta = {**record.meta, **record.per_node.get(node, {}), **{k: v for k, v in row.items() if k != "tree"},
-                    "v": 1, "kind": "push",
+                    "v": 1, "kind": "push", "writer": writer,
                     "action": record.action, "push_id": record.push_id, "time": now.isoformat(timespec="seconds")}
             manifest = store.manifest(row["tree"]) if row.get("tree") else Manifest()
             subject = f"{record.subject} on {node}: {row['state']}"

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from snapver.config import Config, NodeSpec
-from snapver.errors import ConflictError, SnapverError, UsageError
+from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
-from snapver.ops.patch import Patch, PatchFile, load_patch
+from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
                               PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
 from snapver.ops.waves import run_waves
 from snapver.store.repo import Store
+from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "apply_push", "push_state"]
 
@@ -131,11 +132,30 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[s
     return plan
 
 
+def _check_newest_version(store: Store, config: Config, patch: Patch) -> None:
+    """Refuse a patch whose newest version this store has not seen: another writer's version
+    that the one here does not contain, here after a sync or still only on the team remote
+    (checked as ``--force-with-lease`` checks a ref). An unreachable remote is not a refusal."""
+    unseen = unseen_versions(store, patch.name)
+    if config.remote:
+        try:
+            unseen.update(remote_versions_unseen(store, config.remote, patch.name, patch.commit, AUTO_SYNC_TIMEOUT))
+        except RemoteError:
+            pass  # offline: the versions synced here are all that can be known
+    if unseen:
+        shown = " and ".join(f"{commit[:10]} by {writer}" for writer, commit in sorted(unseen.items()))
+        raise ConflictError(f"patch {patch.name!r} has a newer version this one does not include: {shown}",
+                            hint=f"`snapver sync`, look at both with `snapver patch show {patch.name} --history`, "
+                                 f"then save one version that includes them (`snapver patch new {patch.name}`, "
+                                 f"edit, `snapver patch save {patch.name} -m MSG`)")
+
+
 def plan_push(store: Store, config: Config, name: str, targets: list[str] | None = None,
               all_nodes: bool = False, force: bool = False, allow_broken: bool = False) -> PushPlan:
     """Plan a push of patch ``name`` to ``targets`` (default: the patch's own nodes);
     ``broken`` lists the files that would land with conflict markers or not compile."""
     patch = load_patch(store, name)
+    _check_newest_version(store, config, patch)
     names = list(targets or []) or list(patch.nodes)
     if not names and not all_nodes:
         raise UsageError(f"patch {name!r} names no target nodes", hint=f"say where: `snapver push {name} NODE...`")

@@ -34,6 +34,7 @@ from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, comp
                                 record_paths)
 from snapver.store import refs
 from snapver.store.repo import Store
+from snapver.store.team import TeamView
 from snapver.transport.base import Listing, Transport
 from snapver.transport.connect import open_transport
 
@@ -203,14 +204,17 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
     ``against`` (a ref, resolved with ``config``) replaces each node's RECORD as known-good.
     """
     reference = known_good_of(store, config, against) if against is not None else None
-    patches = known_patches(store) if store is not None else []
-    tags = tags_by_commit(store) if store is not None else {}
+    view = TeamView(store) if store is not None else None  # every writer's, in a team store
+    patches = known_patches(store, view) if store is not None else []
+    tags = tags_by_commit(store, view) if store is not None else {}
+    heads = view.merged(refs.NODES) if view is not None else {}
     digests = ContentDigests(store)
     rows = [NodeStatus(spec.name, spec.address) for spec in specs]
     with ThreadPoolExecutor(max(1, min(32, len(specs)))) as pool:
         try:
             records = SharedRecords()
-            list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records),
+            list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records,
+                                                                heads),
                           specs, rows))
             # RECORD hashes of the live blobs not seen before, from the store's copies:
             # once for the whole fleet (its nodes mostly hold the same files).
@@ -227,7 +231,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
 
 
 def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
-               checksum: bool, want_record: bool, records: SharedRecords) -> None:
+               checksum: bool, want_record: bool, records: SharedRecords, heads: dict[str, str]) -> None:
     """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
@@ -236,7 +240,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # The store is read while the node starts up and lists.
         snapshot_manifest = None
         if store is not None:
-            row.snapshot = store.ref(refs.node_ref(spec.name))
+            row.snapshot = heads.get(spec.name)  # the newest of any writer's
             if row.snapshot:
                 row.snapshot_time = store.commit(row.snapshot).time
                 row.tags = sorted(tags.get(row.snapshot, []))
@@ -454,14 +458,14 @@ def _same(wanted: Entry | None, live: Entry | None) -> bool:
     return wanted.kind == live.kind and wanted.oid == live.oid
 
 
-def known_patches(store: Store) -> list[KnownPatch]:
+def known_patches(store: Store, view: TeamView | None = None) -> list[KnownPatch]:
     """Every patch in the store (``refs/heads/patches/<name>``) as the paths it changes.
 
     A patch commit's tree is its base plus the patch; the base is ``meta["base"]`` if
     the commit records one, else its first parent.
     """
     found = []
-    for name, commit_id in sorted(store.refs(refs.PATCHES).items()):
+    for name, commit_id in sorted((view or TeamView(store)).merged(refs.PATCHES).items()):
         try:
             commit = store.commit(commit_id)
             base_ref = commit.meta.get("base")

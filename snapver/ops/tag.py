@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from snapver.config import Config
 from snapver.errors import RefError
+from snapver.model import Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
-from snapver.store.repo import Commit, Store
+from snapver.store.repo import Commit, Store, format_message
+from snapver.store.team import TeamView, tag_conflict_error
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class TagInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "commit": self.commit, "node": self.node, "kind": self.kind,
-                "time": self.time.isoformat(), "replaced": self.replaced}
+                "time": self.time.isoformat(), "replaced": self.replaced, "note": self.note}
 
 
 def _info(name: str, commit: Commit, replaced: str | None = None, note: str = "") -> TagInfo:
@@ -42,47 +44,91 @@ def check_tag_name(name: str) -> None:
 
 
 def create_tag(store: Store, config: Config, name: str, ref: str | None = None, force: bool = False) -> TagInfo:
-    """Point tag ``name`` at the snapshot ``ref`` names (default: the newest snapshot of all)."""
+    """Point tag ``name`` at the snapshot ``ref`` names (default: the newest snapshot of all).
+
+    Tags are team-wide: one that another writer holds at another snapshot is moved only
+    with ``force``, and the move is recorded (a tag event) so that every store, once
+    synced, reads the tag as this one.
+    """
     check_tag_name(name)
     with store.lock():
         commit_id = resolve_snapshot(store, config, ref) if ref else _newest_snapshot(store)
-        existing = store.ref(refs.tag_ref(name))
+        view = TeamView(store)
+        values, conflicts = view.tags()
+        if name in conflicts and not force:
+            raise tag_conflict_error(name, conflicts[name])
+        existing = values.get(name)
         if existing and not force:
             if existing == commit_id:
                 return _info(name, store.commit(commit_id), note="already there")
             raise RefError(f"tag {name!r} already names {existing[:10]}",
                            hint=f"delete it with `snapver tag -d {name}`, or use --force to move it")
         store.update_ref(refs.tag_ref(name), commit_id)
+        _record_event(store, view, name, commit_id)
         note = ""
-        if name in config.nodes or name in store.refs(refs.NODES):
+        if name in config.nodes or name in view.merged(refs.NODES):
             note = f"{name!r} is also a node: say tags/{name} for the tag, {name}@latest for the node"
-        return _info(name, store.commit(commit_id), existing if existing != commit_id else None, note)
+        replaced = existing or (",".join(sorted(set(conflicts[name].values()))) if name in conflicts else None)
+        return _info(name, store.commit(commit_id), replaced if replaced != commit_id else None, note)
+
+
+def _record_event(store: Store, view: TeamView, name: str, to: str | None) -> None:
+    """Record a tag event when other writers hold ``name`` (or events name it already): the
+    values it overrules, so that every synced store reads the tag as ``to`` (None: deleted)."""
+    if not view.is_team:
+        return
+    others = {commit for writer, commit in view.tag_writers(name).items() if writer != view.me}
+    named_before = any(event.tag == name for event in view.tag_events())
+    if not others and not named_before:
+        return
+    over = sorted((others | set(view.tag_writers(name).values())) - {to})
+    now = datetime.now(timezone.utc)
+    meta = {"v": 1, "kind": "tag-move", "tag": name, "to": to, "over": over, "writer": view.me,
+            "time": now.isoformat(timespec="seconds")}
+    subject = f"tag {name}: " + (f"moved to {to[:10]}" if to else "deleted") + f" by {view.me}"
+    # Every writer's events seen here become parents: events are read parents first (git's
+    # date order keeps children after parents), so this one comes after all it overrules,
+    # even when their clocks agree to the second.
+    mine = store.ref(refs.TAG_MOVES)
+    seen = tuple(sorted({commit for writer, commit in view.event_tips().items() if writer != view.me} - {mine}))
+    with store.importer() as importer:
+        importer.commit(refs.TAG_MOVES, mine, Manifest(), format_message(subject, meta), now, also_parents=seen)
 
 
 def _newest_snapshot(store: Store) -> str:
-    heads = store.refs(refs.NODES)
+    heads = TeamView(store).merged(refs.NODES)
     if not heads:
         raise RefError("there is no snapshot to tag yet", hint="run `snapver pull` first")
-    newest = store.commits([refs.node_ref(node) for node in sorted(heads)], limit=1)
+    newest = store.commits(sorted(set(heads.values())), limit=1)
     return newest[0].id
 
 
 def delete_tag(store: Store, name: str) -> TagInfo:
-    """Remove tag ``name``; returns what it named."""
+    """Remove tag ``name`` (for the team: other writers' values of it are overruled); returns what it named."""
     with store.lock():
-        commit_id = store.ref(refs.tag_ref(name)) if refs.valid_ref_name(name) else None
+        view = TeamView(store)
+        values, conflicts = view.tags()
+        commit_id = values.get(name) if refs.valid_ref_name(name) else None
+        if commit_id is None and name in conflicts:
+            commit_id = view.newest(conflicts[name])
         if commit_id is None:
-            known = sorted(store.refs(refs.TAGS))
+            known = sorted(values)
             raise RefError(f"no tag {name!r}", hint=f"tags: {', '.join(known) or '(none)'}")
         info = _info(name, store.commit(commit_id))
-        store.delete_ref(refs.tag_ref(name))
+        if store.ref(refs.tag_ref(name)):
+            store.delete_ref(refs.tag_ref(name))
+        _record_event(store, view, name, None)
         return info
 
 
 def list_tags(store: Store) -> list[TagInfo]:
-    """Every tag with the snapshot it names, by name."""
-    tags = store.refs(refs.TAGS)
-    if not tags:
+    """Every tag with the snapshot it names, by name; a tag whose writers disagree is listed
+    once per value, noted ``conflict``."""
+    view = TeamView(store)
+    tags, conflicts = view.tags()
+    rows = [(name, commit, "") for name, commit in tags.items()]
+    rows += [(name, commit, f"conflict: {writer}") for name, by in conflicts.items() for writer, commit in by.items()]
+    if not rows:
         return []
-    commits = {c.id: c for c in store.commits(sorted(set(tags.values())), no_walk=True)}
-    return [_info(name, commits[commit]) for name, commit in sorted(tags.items())]
+    commits = {c.id: c for c in store.commits(sorted({commit for _, commit, _ in rows}), no_walk=True)}
+    return [_info(name, commits[commit], note=note) for name, commit, note in sorted(rows)]

@@ -13,6 +13,30 @@ PUSHES = "refs/heads/pushes/"
 IMPORTS = "refs/heads/imports/"
 DELETED_PATCHES = "refs/heads/deleted-patches/"
 TAGS = "refs/tags/"
+# Moves and deletions of team-wide tags over other writers' values (store/team.py), one
+# commit each: which values a `tag --force` or `tag -d` overruled.
+TAG_MOVES = "refs/heads/tag-moves"
+
+# A team store (`snapver sync`): each writer publishes its own refs on the remote under
+# refs/snapver/<writer>/ (refs/heads/X as X, refs/tags/T as tags/T), and every writer's
+# published refs are fetched here, below TEAM. Local refs stay where they are.
+REMOTE_SPACE = "refs/snapver/"
+TEAM = "refs/remotes/team/"
+
+
+def published_name(local_ref: str) -> str | None:
+    """A local ref's name inside a writer's namespace (``refs/heads/nodes/a`` → ``nodes/a``,
+    ``refs/tags/t`` → ``tags/t``); None for a ref that is not published."""
+    if local_ref.startswith("refs/heads/"):
+        return local_ref[len("refs/heads/"):]
+    if local_ref.startswith(TAGS):
+        return local_ref[len("refs/"):]
+    return None
+
+
+def local_name(published: str) -> str:
+    """The local ref a published name stands for (the inverse of ``published_name``)."""
+    return "refs/" + published if published.startswith("tags/") else "refs/heads/" + published
 
 
 def node_ref(node: str) -> str:
@@ -65,6 +89,18 @@ _NAME_HINTS = {
     "tag": "letters, digits, '.', '_', '-' and '/'; no spaces, '@', '~', ':' or '..'",
     "patch": "use letters, digits, '.', '_' or '-'",
 }
+
+
+_WRITER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+-]*")
+
+
+def check_writer(name: str) -> None:
+    """Refuse a writer id that cannot be one component of a ref (UsageError, exit 2)."""
+    if (not _WRITER.fullmatch(name) or len(name) > MAX_NAME_LENGTH or ".." in name or "@{" in name
+            or name.endswith((".lock", ".")) or name == "scratch"):
+        raise UsageError(f"invalid writer id {name!r}",
+                         hint="letters, digits and '.', '_', '@', '+', '-' (e.g. alice@lab), at most "
+                              f"{MAX_NAME_LENGTH} characters")
 
 
 def check_name(kind: str, name: str) -> None:

@@ -61,9 +61,10 @@ def git_timeout() -> float:
 
 
 def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002 - as subprocess.run
-            timeout: float | None = None) -> subprocess.CompletedProcess[bytes]:
+            timeout: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run one git command in ``git_dir`` to its end: output captured (stderr too, so it never
-    blocks on a full pipe), killed after ``timeout`` (default ``git_timeout()``).
+    blocks on a full pipe), killed after ``timeout`` (default ``git_timeout()``); ``env``: variables
+    added to this process's environment.
 
     GitTimeoutError when it ran out of time, StoreError when git cannot be started; a git
     that fails is returned as it is (its return code and stderr are the caller's to judge).
@@ -73,7 +74,8 @@ def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002
         # A session of its own: a Ctrl-C at the terminal signals the whole foreground group,
         # and snapver still needs its store while it stops in order (an interrupted push's undo).
         return subprocess.run(["git", "--git-dir", str(git_dir), *args], input=input,
-                              capture_output=True, check=False, timeout=limit, start_new_session=True)
+                              capture_output=True, check=False, timeout=limit, start_new_session=True,
+                              env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired as exc:
         raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
                               hint=GIT_HANG_HINT) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -39,8 +40,13 @@ def test_fsck_names_what_it_counts_and_speaks_json(make_site_packages, write_con
 def test_init_json(run_snapver, isolated_env: Path) -> None:
     done = run_snapver("init", "--json")
     assert done.code == 0 and done.err == "", done
-    assert json.loads(done.out) == {"config": str(isolated_env / ".snapver"), "config_created": True,
-                                    "store": str(isolated_env / "snapshots"), "local": False}
+    document = json.loads(done.out)
+    writer = document.pop("writer")  # the store's writer id for `sync`: user@host by default
+    assert document == {"config": str(isolated_env / ".snapver"), "config_created": True,
+                        "store": str(isolated_env / "snapshots"), "local": False}
+    assert "@" in writer and writer == subprocess.run(
+        ["git", "--git-dir", str(isolated_env / "snapshots"), "config", "snapver.writer"],
+        capture_output=True, text=True).stdout.strip()
     assert json.loads(run_snapver("init", "--json").out)["config_created"] is False
 
 

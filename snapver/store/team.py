@@ -1,0 +1,459 @@
+"""A team store: writer ids, `sync` through any git remote, and reads that merge every writer.
+
+Every store has a writer id (``user@host``, in the store's git config). `sync` fetches
+every writer's published refs (``refs/snapver/<writer>/...`` on the remote) into
+``refs/remotes/team/<writer>/...`` here, then publishes this store's own refs under its
+own writer's namespace with one ``git push --atomic``, each ref guarded by
+``--force-with-lease`` at the value the remote was just seen to hold. No two writers ever
+write the same ref, so a sync never conflicts; only a second store using the same writer
+id (or a remote that refuses) can make it fail, and then nothing moved.
+
+Reading merges the writers (``TeamView``): a node's newest snapshot is the newest of
+anyone's; its history is everyone's; a tag is team-wide (two values are a conflict, see
+``TeamView.tags``); a patch's current version is the one that contains every other.
+Local refs are never rewritten by a sync: nothing is lost here, whatever the remote does.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapver.errors import GitTimeoutError, RefError, RemoteError
+from snapver.store import refs
+from snapver.store.repo import Commit, Store, last_line, run_git
+
+WRITER_KEY = "snapver.writer"
+# Set after a store's first sync: from then on a ref deleted here is deleted on the remote.
+SYNCED_KEY = "snapver.synced"
+# Auto-sync (`[store] sync = "auto"`) gives git this long; an explicit `sync` git's usual limit.
+AUTO_SYNC_TIMEOUT = 10.0
+# git must never ask for a password on the terminal: credentials are the user's agent's affair.
+GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GCM_INTERACTIVE": "never"}
+# How a store that has never synced names its own writer in a TeamView (no other is there).
+LOCAL_WRITER = "(this store)"
+_TEAM_SHORT = refs.TEAM[len("refs/"):]  # "remotes/team/", as Store.refs("refs/") names them
+
+
+def default_writer() -> str:
+    """``user@host`` of this login and machine, made a valid writer id."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    host = socket.gethostname().split(".")[0] or "host"
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", user).lstrip(".-") + "@" + re.sub(r"[^A-Za-z0-9._+-]", "-", host)
+
+
+def _config_get(store: Store, key: str) -> str | None:
+    result = run_git(store.path, "config", "--get", key)
+    return result.stdout.decode().strip() or None if result.returncode == 0 else None
+
+
+def _config_all(store: Store) -> dict[str, str]:
+    """The store's ``snapver.*`` settings, in one git call."""
+    result = run_git(store.path, "config", "--get-regexp", r"^snapver\.")
+    found = {}
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        found[key] = value
+    return found
+
+
+def writer_of(store: Store) -> str:
+    """This store's writer id (``snapver.writer``), else ``default_writer()``."""
+    cached = getattr(store, "_team_writer", None)
+    if cached is None:
+        cached = _config_get(store, WRITER_KEY) or default_writer()
+        store._team_writer = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def set_writer(store: Store, name: str) -> None:
+    """Set the store's writer id (checked: one ref component)."""
+    refs.check_writer(name)
+    store.git("config", WRITER_KEY, name)
+    store._team_writer = name  # type: ignore[attr-defined]
+
+
+def ensure_writer(store: Store) -> str:
+    """The writer id, written into the store's config if it was only the default."""
+    if _config_get(store, WRITER_KEY) is None:
+        set_writer(store, default_writer())
+    return writer_of(store)
+
+
+# -- reading: every writer merged ---------------------------------------------------------
+@dataclass(frozen=True)
+class TagEvent:
+    """A `tag --force` or `tag -d` that overruled other writers' values of a tag."""
+
+    tag: str
+    to: str | None
+    over: tuple[str, ...]
+    writer: str
+    commit: Commit
+
+
+class TeamView:
+    """The store's refs with every writer's merged in (read once: one ``for-each-ref``).
+
+    ``all_refs`` is ``store.refs("refs/")`` if the caller has it already.
+    """
+
+    def __init__(self, store: Store, all_refs: dict[str, str] | None = None) -> None:
+        self.store = store
+        raw = store.refs("refs/") if all_refs is None else all_refs
+        # A store that never synced needs no writer id to read (and no git process to learn it).
+        self.me = writer_of(store) if any(name.startswith(_TEAM_SHORT) for name in raw) else LOCAL_WRITER
+        # published name -> {writer: commit}; this store's own refs under its writer id.
+        self.versions: dict[str, dict[str, str]] = {}
+        for name, commit in raw.items():
+            if name.startswith(_TEAM_SHORT):
+                writer, _, published = name[len(_TEAM_SHORT):].partition("/")
+                if writer == self.me or not published:
+                    continue  # our own, as last published: the local refs are newer
+            else:
+                writer, published = self.me, refs.published_name("refs/" + name) or ""
+                if not published:
+                    continue
+            self.versions.setdefault(published, {})[writer] = commit
+        self.writers = sorted({w for by in self.versions.values() for w in by} | {self.me})
+        self._merged: dict[str, dict[str, str]] = {}
+        self._times: dict[str, Commit] = {}
+        self._tags: tuple[dict[str, str], dict[str, dict[str, str]]] | None = None
+
+    @property
+    def is_team(self) -> bool:
+        """True when refs of another writer are here (after a sync)."""
+        return self.writers != [self.me]
+
+    def under(self, prefix: str) -> dict[str, str]:
+        """``merged`` for any prefix below a merged one (``refs.IMPORTS + "ct200/"``); other
+        prefixes read the store's own refs only."""
+        for base in (refs.NODES, refs.PATCHES, refs.PUSHES, refs.IMPORTS, refs.DELETED_PATCHES, refs.TAGS):
+            if prefix.startswith(base):
+                rest = prefix[len(base):]
+                return {name[len(rest):]: commit for name, commit in self.merged(base).items()
+                        if name.startswith(rest)}
+        short = refs.published_name(prefix)
+        return {name[len(short):]: by[self.me] for name, by in self.versions.items()
+                if short is not None and name.startswith(short) and self.me in by}
+
+    def tips(self, prefix: str, name: str) -> list[str]:
+        """Every writer's commit for one name (a node's branch: every writer's history)."""
+        return sorted(set(self.by_writer(prefix).get(name, {}).values()))
+
+    def by_writer(self, prefix: str) -> dict[str, dict[str, str]]:
+        """``{name below prefix: {writer: commit}}`` for a local prefix such as ``refs.NODES``."""
+        short = refs.published_name(prefix) or ""
+        return {name[len(short):]: dict(by) for name, by in self.versions.items() if name.startswith(short)}
+
+    def merged(self, prefix: str) -> dict[str, str]:
+        """``{name: commit}`` below a local prefix, one value per name across writers.
+
+        Nodes and push records: the newest tip (by time; ties by writer). Patches: the
+        version that contains every other, else the newest. Tags: see ``tags``. Imports
+        and deleted patches: the union.
+        """
+        if prefix in self._merged:
+            return self._merged[prefix]
+        if prefix == refs.TAGS:
+            found = self.tags()[0]
+        else:
+            groups = self.by_writer(prefix)
+            self._load_times([c for by in groups.values() if len(set(by.values())) > 1 for c in by.values()])
+            found = {}
+            for name, by in groups.items():
+                if prefix == refs.PATCHES:
+                    found[name] = self.patch_tip(by)[0]
+                else:
+                    found[name] = self.newest(by)
+        self._merged[prefix] = found
+        return found
+
+    def newest(self, by_writer: dict[str, str]) -> str:
+        """The newest of several writers' commits (by commit time, then writer id)."""
+        distinct = set(by_writer.values())
+        if len(distinct) == 1:
+            return next(iter(distinct))
+        self._load_times(list(distinct))
+        return max(by_writer.items(), key=lambda item: (self._times[item[1]].time, item[0]))[1]
+
+    def commit(self, commit: str) -> Commit:
+        """One commit (read once per view)."""
+        self._load_times([commit])
+        return self._times[commit]
+
+    def _load_times(self, commits: list[str]) -> None:
+        wanted = sorted(set(commits) - self._times.keys())
+        if wanted:
+            self._times.update((c.id, c) for c in self.store.commits(wanted, no_walk=True))
+
+    # -- patches --------------------------------------------------------------------------
+    def patch_tip(self, versions: dict[str, str]) -> tuple[str, dict[str, str]]:
+        """The current version of a patch and the writers' versions it does not contain.
+
+        The current version is the one that contains every other (each `patch save` or
+        rebase made after a sync descends from the versions it saw); when none does, the
+        versions have diverged: the newest is shown, and a push refuses (``unseen``).
+        """
+        distinct = set(versions.values())
+        if len(distinct) == 1:
+            return next(iter(distinct)), {}
+        self._load_times(list(distinct))
+        by_time = sorted(distinct, key=lambda c: self._times[c].time, reverse=True)
+        for candidate in by_time:
+            if all(other == candidate or self.contains(candidate, other) for other in distinct):
+                return candidate, {}
+        tip = by_time[0]
+        return tip, {w: c for w, c in sorted(versions.items()) if c != tip and not self.contains(tip, c)}
+
+    def contains(self, commit: str, ancestor: str) -> bool:
+        """True when ``ancestor`` is ``commit`` or in its history."""
+        return run_git(self.store.path, "merge-base", "--is-ancestor", ancestor, commit).returncode == 0
+
+    # -- tags -----------------------------------------------------------------------------
+    def tags(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+        """``(values, conflicts)``: each tag's one value, and the tags whose writers disagree.
+
+        A tag's candidates are the distinct commits its writers' refs name. Tag events
+        (``refs.TAG_MOVES``, oldest first) retire the values they overruled and revive the
+        one they set; what is left is the tag (nothing left: deleted; more than one: a
+        conflict ``{writer: commit}``, resolved by `tag --force`).
+        """
+        if self._tags is not None:
+            return self._tags
+        groups = self.by_writer(refs.TAGS)
+        events = self.tag_events() if refs.published_name(refs.TAG_MOVES) in self.versions else []
+        values: dict[str, str] = {}
+        conflicts: dict[str, dict[str, str]] = {}
+        for name, by in groups.items():
+            retired: set[str] = set()
+            for event in events:
+                if event.tag == name:
+                    retired.update(event.over)
+                    if event.to:
+                        retired.discard(event.to)
+            left = {w: c for w, c in by.items() if c not in retired}
+            if len(set(left.values())) == 1:
+                values[name] = next(iter(left.values()))
+            elif left:
+                conflicts[name] = left
+        self._tags = (values, conflicts)
+        return self._tags
+
+    def event_tips(self) -> dict[str, str]:
+        """``{writer: newest tag event}`` (``refs.TAG_MOVES`` of each writer)."""
+        return dict(self.versions.get(refs.published_name(refs.TAG_MOVES) or "", {}))
+
+    def tag_events(self) -> list[TagEvent]:
+        """Every writer's tag events, oldest first (an event after those it had seen)."""
+        tips = sorted(set(self.event_tips().values()))
+        found = []
+        for commit in reversed(self.store.commits(tips)) if tips else []:
+            meta = commit.meta
+            if meta.get("kind") == "tag-move" and isinstance(meta.get("tag"), str):
+                found.append(TagEvent(meta["tag"], meta.get("to"), tuple(meta.get("over") or ()),
+                                      str(meta.get("writer", "?")), commit))
+        return found
+
+    def tag_writers(self, name: str) -> dict[str, str]:
+        """``{writer: commit}`` of every writer holding tag ``name``."""
+        return dict(self.versions.get(f"tags/{name}", {}))
+
+
+def tag_conflict_error(name: str, values: dict[str, str]) -> RefError:
+    """The error a command reading a conflicting tag ends with (exit 2: an ambiguous ref)."""
+    shown = " and ".join(f"{commit[:10]} ({writer})" for writer, commit in sorted(values.items()))
+    return RefError(f"tag {name!r} names {len(set(values.values()))} snapshots: {shown}",
+                    hint=f"pick one for the team: `snapver tag --force {name} REF`, then `snapver sync`")
+
+
+# -- sync ---------------------------------------------------------------------------------
+@dataclass
+class SyncResult:
+    """What one `sync` did."""
+
+    remote: str
+    writer: str
+    fetched: list[str] = field(default_factory=list)  # writers whose refs changed here
+    pushed: int = 0  # refs of ours published (created or moved)
+    deleted: int = 0  # refs of ours removed from the remote (deleted here)
+    writers: list[str] = field(default_factory=list)  # every writer now known here
+    tag_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
+    diverged_patches: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.fetched or self.pushed or self.deleted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"remote": self.remote, "writer": self.writer, "fetched": self.fetched, "pushed": self.pushed,
+                "deleted": self.deleted, "writers": self.writers, "unchanged": self.unchanged,
+                "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches}
+
+
+def git_error(stderr: bytes, fallback: str) -> str:
+    """What git said went wrong talking to a remote: its first ``fatal:``/``error:`` line (the
+    ones after it are advice), else its last line."""
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        for prefix in ("fatal: ", "error: ", "ERROR: "):
+            if line.startswith(prefix) and line[len(prefix):].strip():
+                return line[len(prefix):].strip()
+    return last_line(stderr, fallback)
+
+
+def _git_remote(store: Store, remote: str, timeout: float | None, *args: str) -> Any:
+    """Run a git command that talks to the remote; a timeout is the remote's failure (exit 3)."""
+    try:
+        return run_git(store.path, *args, timeout=timeout, env=GIT_ENV)
+    except GitTimeoutError as exc:
+        raise RemoteError(f"the remote {remote} did not answer `git {args[0]}` in time",
+                          hint="check the network and the remote's address; nothing changed here") from exc
+
+
+def ls_remote(store: Store, remote: str, timeout: float | None = None) -> dict[str, str]:
+    """``{ref: oid}`` of every ref on the remote (RemoteError, exit 3, when unreachable)."""
+    result = _git_remote(store, remote, timeout, "ls-remote", "--", remote)
+    if result.returncode != 0:
+        raise RemoteError(f"cannot reach the remote {remote}: {git_error(result.stderr, 'git ls-remote failed')}",
+                          hint="check [store] remote, the network and your git/SSH credentials; nothing changed")
+    found = {}
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        oid, _, name = line.partition("\t")
+        if name and not name.endswith("^{}"):
+            found[name] = oid
+    return found
+
+
+def remote_versions_unseen(store: Store, remote: str, name: str, tip: str,
+                           timeout: float | None = None) -> dict[str, str]:
+    """``{writer: commit}`` of the remote's versions of patch ``name`` that ``tip`` does not
+    contain (not fetched yet, or edited apart): the lease a push checks before writing."""
+    me = writer_of(store)
+    found = {}
+    view = TeamView(store)
+    for ref, oid in ls_remote(store, remote, timeout).items():
+        writer, _, rest = ref[len(refs.REMOTE_SPACE):].partition("/")
+        if not ref.startswith(refs.REMOTE_SPACE) or rest != f"patches/{name}" or writer == me or oid == tip:
+            continue
+        if oid not in store.existing([oid]) or not view.contains(tip, oid):
+            found[writer] = oid
+    return found
+
+
+def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: float | None = None) -> SyncResult:
+    """Fetch every writer's refs from ``remote``, then publish ours (see the module's text).
+
+    RemoteError (exit 3) for a remote that cannot be reached, refuses the push, or holds
+    something that is not a snapver store; StoreLockedError (exit 4) while another command
+    writes this store. Whatever fails, no local ref but the mirror of the remote moves,
+    and the next sync completes the work.
+    """
+    with store.lock(wait=lock_wait):
+        settings = _config_all(store)
+        if WRITER_KEY in settings:
+            store._team_writer = settings[WRITER_KEY]  # type: ignore[attr-defined]
+        else:
+            set_writer(store, default_writer())
+        me = writer_of(store)
+        result = SyncResult(remote, me)
+        listing = ls_remote(store, remote, timeout)
+        ours = {name for name in listing if name.startswith(refs.REMOTE_SPACE)}
+        foreign = sorted(name for name in listing if name != "HEAD" and name not in ours)
+        if foreign and not ours:
+            raise RemoteError(f"the remote {remote} is not a snapver store: it holds {foreign[0]}"
+                              + (f" and {len(foreign) - 1} other ref(s)" if len(foreign) > 1 else ""),
+                              hint="point [store] remote at an empty repository made for snapver "
+                                   "(git init --bare), or one that other snapver stores sync with")
+        remote_refs = {name[len(refs.REMOTE_SPACE):]: oid for name, oid in listing.items() if name in ours}
+        synced = settings.get(SYNCED_KEY) == "true"
+        mine_there = {name[len(me) + 1:]: oid for name, oid in remote_refs.items() if name.startswith(me + "/")}
+        if mine_there and not synced:
+            raise RemoteError(f"the writer id {me!r} already publishes to {remote} from another store",
+                              hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
+        all_refs = store.refs("refs/")
+        mirror = {name[len(_TEAM_SHORT):]: commit for name, commit in all_refs.items() if name.startswith(_TEAM_SHORT)}
+        if mirror != remote_refs:
+            changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
+            changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
+                        if mirror[name] != remote_refs[name]}
+            fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
+                                  "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
+            if fetched.returncode != 0:
+                raise RemoteError(f"cannot fetch from the remote {remote}: "
+                                  f"{git_error(fetched.stderr, 'git fetch failed')}",
+                                  hint="nothing changed here; run `snapver sync` again")
+            result.fetched = sorted(changed - {me})
+        own = {}
+        for name, commit in all_refs.items():
+            published = refs.published_name("refs/" + name)
+            if published is not None:
+                own[published] = commit
+        updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
+        _check_forward(store, remote, me, updates, mine_there)
+        # Only tags and patch names are ever deleted here; a snapshot branch, a ledger or the
+        # tag events missing here means this store is not the one that wrote them: keep them.
+        deletions = sorted(name for name in mine_there if name not in own
+                           and name.startswith(("tags/", "patches/"))) if synced else []
+        if updates or deletions:
+            _publish(store, remote, timeout, me, updates, deletions, mine_there)
+            result.pushed, result.deleted = len(updates), len(deletions)
+        if not synced:
+            store.git("config", SYNCED_KEY, "true")
+        view = TeamView(store, None if result.fetched or mirror != remote_refs or updates or deletions else all_refs)
+        result.writers = view.writers
+        result.tag_conflicts = view.tags()[1]
+        for name, versions in view.by_writer(refs.PATCHES).items():
+            unseen = view.patch_tip(versions)[1]
+            if unseen:
+                result.diverged_patches[name] = versions
+        return result
+
+
+# What only ever moves forward in a writer's namespace: a snapshot branch, a push ledger,
+# the tag events (a patch may be deleted and made anew; a tag moves anywhere).
+_FORWARD_ONLY = ("nodes/", "pushes/", "tag-moves")
+
+
+def _check_forward(store: Store, remote: str, me: str, updates: dict[str, str], remote_values: dict[str, str]) -> None:
+    """Refuse to publish a snapshot branch, ledger or event log that does not contain what the
+    remote holds for it: another store publishes under this writer id (its work would be lost)."""
+    for name, commit in sorted(updates.items()):
+        old = remote_values.get(name)
+        if old is None or not name.startswith(_FORWARD_ONLY):
+            continue
+        if run_git(store.path, "merge-base", "--is-ancestor", old, commit).returncode != 0:
+            raise RemoteError(f"not publishing {name}: the remote's {old[:10]} (writer {me}) is not in this "
+                              "store's history, so another store publishes under the same writer id",
+                              hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
+
+
+def _publish(store: Store, remote: str, timeout: float | None, me: str, updates: dict[str, str],
+             deletions: list[str], remote_values: dict[str, str]) -> None:
+    """One atomic push of our refs into our namespace, each leased at its value seen on the remote."""
+    space = f"{refs.REMOTE_SPACE}{me}/"
+    args = ["push", "--atomic", "--porcelain", "--no-verify", "--quiet"]
+    specs = []
+    for name, commit in sorted(updates.items()):
+        args.append(f"--force-with-lease={space}{name}:{remote_values.get(name, '')}")
+        specs.append(f"{commit}:{space}{name}")
+    for name in deletions:
+        args.append(f"--force-with-lease={space}{name}:{remote_values[name]}")
+        specs.append(f":{space}{name}")
+    pushed = _git_remote(store, remote, timeout, *args, remote, *specs)
+    if pushed.returncode != 0:
+        rejected = [line for line in pushed.stdout.decode("utf-8", "replace").splitlines() if line.startswith("!")]
+        reason = rejected[0].split("\t")[-1] if rejected else git_error(pushed.stderr, "git push failed")
+        where = rejected[0].split("\t")[1].split(":")[-1] if rejected and "\t" in rejected[0] else ""
+        raise RemoteError(f"the remote {remote} refused the push{' of ' + where if where else ''}: {reason}",
+                          hint="nothing was published and nothing changed here; "
+                               "`snapver sync` again (another store with this writer id? then `init --writer`)")
+    # Our namespace's mirror now holds what we published (the next sync's lease).
+    lines = "".join(f"update {refs.TEAM}{me}/{name} {commit}\n" for name, commit in updates.items())
+    lines += "".join(f"delete {refs.TEAM}{me}/{name}\n" for name in deletions)
+    store.git("update-ref", "--stdin", input=lines.encode())

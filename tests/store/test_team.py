@@ -1,0 +1,306 @@
+"""A team store (issue 18): two engineers' stores share snapshots, tags, patches and the
+push ledger through a real git remote — a bare repository reached by path and over the
+real loopback sshd — with `snapver sync`. Checked with git itself on the remote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from helpers import Result, toml_dumps
+from snapver_inproc import run_inproc
+
+SRT = "sglang/srt"
+FILES = {f"{SRT}/__init__.py": "", f"{SRT}/server_args.py": "port = 30000\n",
+         f"{SRT}/speculative/dflash_worker.py": "def step():\n    return 1\n"}
+FIXED = "def step():\n    return 2  # hot-fix\n"
+
+
+def bare_remote(path: Path) -> Path:
+    subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
+    return path
+
+
+def engineer(tmp_path: Path, who: str, nodes: dict[str, Any], remote: str, **store: str) -> Path:
+    """An engineer's folder with `.snapver` (nodes shared with the other) and a store written
+    by `snapver init --writer WHO@lab`; returns the config's path."""
+    folder = tmp_path / who
+    folder.mkdir()
+    config = folder / ".snapver"
+    config.write_text(toml_dumps({"store": {"path": "snapshots", "remote": remote, **store}, "nodes": nodes}))
+    set_writer(config, f"{who}@lab")
+    return config
+
+
+def set_writer(config: Path, writer: str) -> None:
+    """`snapver init --writer WRITER` in the config's folder (init works where it is run)."""
+    here = Path.cwd()
+    os.chdir(config.parent)
+    try:
+        assert run_inproc("init", "--writer", writer).code == 0
+    finally:
+        os.chdir(here)
+
+
+def snap(config: Path, *args: object) -> Result:
+    return run_inproc("--config", config, "--no-pager", *args)
+
+
+def ok(config: Path, *args: object) -> Result:
+    result = snap(config, *args)
+    assert result.code == 0, f"snapver {' '.join(map(str, args))}: {result}"
+    return result
+
+
+def one_error(result: Result, code: int, *words: str) -> None:
+    """The command failed with ``code`` and one error line (and its hint) holding ``words``."""
+    lines = result.err.strip().splitlines()
+    assert result.code == code and lines[0].startswith("snapver: error: ") and "Traceback" not in result.err, result
+    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: ")), result
+    assert all(word in lines[0] for word in words), result
+
+
+def own_head(config: Path, node: str) -> str:
+    """The tip of the node's branch in that engineer's own store, read with git."""
+    return subprocess.run(["git", "--git-dir", str(config.parent / "snapshots"), "rev-parse", f"refs/heads/nodes/{node}"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def remote_refs(remote: Path) -> dict[str, str]:
+    out = subprocess.run(["git", "--git-dir", str(remote), "for-each-ref", "--format=%(refname) %(objectname)"],
+                         check=True, capture_output=True, text=True).stdout
+    return dict(line.split(" ") for line in out.splitlines())
+
+
+def fsck(remote: Path) -> None:
+    done = subprocess.run(["git", "--git-dir", str(remote), "fsck", "--strict", "--no-progress"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "error" not in done.stderr + done.stdout, done.stderr + done.stdout
+
+
+@pytest.fixture
+def two_nodes(make_site_packages: Callable[..., Path], local_node: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    return {name: local_node(make_site_packages(name, files=FILES)) for name in ("ct200", "ct129")}
+
+
+def test_two_engineers_share_the_fleet_through_a_path_remote(tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    ct200 = Path(two_nodes["ct200"]["site_packages"])
+
+    ok(alice, "pull", "ct200", "ct129")
+    ok(alice, "tag", "may22", "ct200")
+    assert "published" in ok(alice, "sync").out
+    ok(bob, "pull", "ct200", "ct129")  # the same trees: bob's own snapshots, the same blobs
+    first = ok(bob, "sync")
+    assert "fetched from alice@lab" in first.out
+    # Each writer publishes under its own name only; nothing was forced over the other.
+    published = remote_refs(remote)
+    for who in ("alice@lab", "bob@lab"):
+        for node in ("ct200", "ct129"):
+            assert f"refs/snapver/{who}/nodes/{node}" in published
+    assert published["refs/snapver/alice@lab/tags/may22"] == published["refs/snapver/alice@lab/nodes/ct200"]
+    assert not [name for name in published if not name.startswith("refs/snapver/")]
+
+    # Bob hot-fixes ct200 by hand, captures it as a patch, pushes it to ct129, syncs.
+    (ct200 / f"{SRT}/speculative/dflash_worker.py").write_text(FIXED)
+    ok(bob, "pull", "ct200")
+    ok(bob, "patch", "capture", "dflash", "ct200", "--base", "may22", "--nodes", "ct129")
+    ok(bob, "push", "dflash", "ct129", "--yes")
+    ok(bob, "sync")
+
+    # Alice reads it all: bob's snapshot is ct200's newest, the log says who, status names
+    # the push and its writer.
+    ok(alice, "sync")
+    newest = ok(alice, "show", "ct200@latest", f"{SRT}/speculative/dflash_worker.py").out
+    assert newest == FIXED
+    log = ok(alice, "log", "ct200").out.splitlines()
+    # Three snapshots of ct200, newest (bob's hot-fixed one) first, each saying who took it.
+    assert len(log) == 3 and log[0].startswith(own_head(bob, "ct200")[:10]) and "by bob@lab" in log[0], log
+    assert sorted(line.rsplit(" by ", 1)[1] for line in log) == ["alice@lab", "bob@lab", "bob@lab"], log
+    status = snap(alice, "status", "ct129")
+    assert "patch dflash (pushed by bob@lab" in status.out, status
+    # Alice rolls ct129 back (the ledger is everyone's: the push to undo was bob's).
+    ok(alice, "rollback", "ct129", "--yes")
+    assert (Path(two_nodes["ct129"]["site_packages"]) / f"{SRT}/speculative/dflash_worker.py").read_text() \
+        == FILES[f"{SRT}/speculative/dflash_worker.py"]
+
+    # Both sync at the same moment, from two processes; then each again, in the other order.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    both = [subprocess.Popen([sys.executable, "-m", "snapver", "--config", str(config), "sync"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for config in (alice, bob)]
+    for process in both:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err.decode()
+    ok(bob, "sync")
+    ok(alice, "sync")
+
+    for args in (["log"], ["diff", "may22", "ct200"], ["status"], ["patch", "show", "dflash", "--history"],
+                 ["tag", "--list"]):
+        seen = [snap(config, *args) for config in (alice, bob)]
+        # Ages ("5s ago") tick between the two reads: the rest must be the same, byte for byte.
+        outs = [re.sub(r"\d+[smhd] ago", "AGE", result.out) for result in seen]
+        assert seen[0].code == seen[1].code and outs[0] == outs[1], (args, seen[0], seen[1])
+    assert "rolled back by alice@lab" in snap(bob, "status", "ct129").out
+    fsck(remote)
+
+
+def test_a_tag_two_writers_set_apart_is_a_conflict_until_one_forces_it(tmp_path: Path,
+                                                                       two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    ok(alice, "pull", "ct200")
+    ok(bob, "pull", "ct129")
+    ok(alice, "tag", "v1", "ct200")
+    ok(bob, "tag", "v1", "ct129")
+    ok(alice, "sync")
+    conflict = snap(bob, "sync")
+    assert conflict.code == 1 and "conflict: tag v1" in conflict.err and "alice@lab" in conflict.err, conflict
+    assert snap(alice, "sync").code == 1  # alice's store sees it too
+    for config in (alice, bob):
+        one_error(snap(config, "diff", "v1", "ct200"), 2, "alice@lab", "bob@lab")
+    assert snap(alice, "tag", "v1", "ct200").code == 2  # not without --force
+    ok(alice, "tag", "--force", "v1", "ct129@latest")  # bob's snapshot, for the team
+    ok(alice, "sync")
+    ok(bob, "sync")
+    ids = [ok(config, "show", "v1", "--json").out for config in (alice, bob)]
+    assert ids[0] == ids[1] and '"node": "ct129"' in ids[0]
+    # A tag deleted by one writer is gone for the team, though the other still holds its ref.
+    ok(bob, "tag", "-d", "v1")
+    ok(bob, "sync")
+    ok(alice, "sync")
+    assert "refs/snapver/alice@lab/tags/v1" in remote_refs(remote)
+    for config in (alice, bob):
+        assert "v1" not in ok(config, "tag", "--list").out
+
+    # A push bob's store began and never finished (its record left "started", as a killed
+    # push leaves it): alice sees it once both synced, with who left it.
+    meta = json.dumps({"v": 1, "kind": "push", "action": "push", "state": "started", "patch": "fix",
+                       "node": "ct129", "writer": "bob@lab"})
+    git = ["git", "--git-dir", str(bob.parent / "snapshots")]
+    record = subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree",
+                             "refs/heads/nodes/ct129^{tree}", "-m", f"push fix to ct129\n\nsnapver-meta: {meta}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([*git, "update-ref", "refs/heads/pushes/ct129", record], check=True)
+    ok(bob, "sync")
+    ok(alice, "sync")
+    status = snap(alice, "status", "ct129")
+    assert "ct129: INTERRUPTED push fix (" in status.out and " by bob@lab)" in status.out, status
+
+
+def test_push_refuses_a_patch_whose_newest_version_it_has_not_seen(tmp_path: Path,
+                                                                  two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    diff = tmp_path / "fix.diff"
+    diff.write_text(f"--- a/{SRT}/server_args.py\n+++ b/{SRT}/server_args.py\n@@ -1 +1 @@\n"
+                    "-port = 30000\n+port = 30001\n")
+    ok(alice, "pull", "ct200")
+    ok(alice, "patch", "import", "port", diff, "--base", "ct200", "--nodes", "ct129")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    # Bob edits the patch in his store and publishes it; alice has not synced since.
+    checkout = Path(ok(bob, "patch", "new", "port").out.strip().splitlines()[-1].split()[-1])
+    (checkout / f"{SRT}/server_args.py").write_text("port = 30002\n")
+    ok(bob, "patch", "save", "port", "-m", "bob's port")
+    ok(bob, "sync")
+    refused = snap(alice, "push", "port", "--dry-run")
+    assert refused.code == 1 and "bob@lab" in refused.err and "sync" in refused.err, refused
+    # Synced, alice's store sees bob's version, which contains hers: it is the patch now.
+    ok(alice, "sync")
+    planned = ok(alice, "push", "port", "--dry-run")
+    assert "ct129" in planned.out
+    assert ok(alice, "patch", "export", "port").out.count("+port = 30002") == 1
+    # Edited apart in both stores: two versions, both in the history; push refuses.
+    checkout = Path(ok(alice, "patch", "new", "port").out.strip().splitlines()[-1].split()[-1])
+    (checkout / f"{SRT}/server_args.py").write_text("port = 30003\n")
+    ok(alice, "patch", "save", "port", "-m", "alice's port")
+    (Path(str(checkout).replace("alice", "bob")) / f"{SRT}/server_args.py").write_text("port = 30004\n")
+    ok(bob, "patch", "save", "port", "-m", "bob's second")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    ok(alice, "sync")
+    for config in (alice, bob):
+        history = ok(config, "patch", "show", "port", "--history").out
+        assert "alice's port" in history and "bob's second" in history and "by alice@lab" in history, history
+        diverged = snap(config, "push", "port", "--dry-run")
+        assert diverged.code == 1 and "does not include" in diverged.err, diverged
+
+
+def test_sync_over_ssh_and_the_bad_remotes(tmp_path: Path, two_nodes: dict[str, Any], sshd: Any) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    ssh = (f"ssh -i {sshd.identity_file} -o UserKnownHostsFile={sshd.known_hosts} -o StrictHostKeyChecking=yes "
+           "-o IdentitiesOnly=yes -o BatchMode=yes")
+    os.environ["GIT_SSH_COMMAND"] = ssh  # the user's git/SSH setup (isolated_env restores the environment)
+    url = f"ssh://root@{sshd.addresses['ct200']}:{sshd.port}{remote}"
+    alice = engineer(tmp_path, "alice", two_nodes, url)
+    bob = engineer(tmp_path, "bob", two_nodes, url, sync="auto")
+    ok(alice, "pull", "ct200", "ct129")
+    ok(alice, "sync")
+    assert "up to date" in ok(alice, "sync").out  # unchanged: one ls-remote, nothing sent
+    # Bob syncs automatically before reading.
+    assert ok(bob, "log").out.count("ct1") + ok(bob, "log").out.count("ct2") >= 2
+    assert "refs/snapver/alice@lab/nodes/ct129" in remote_refs(remote)
+    fsck(remote)
+
+    # A remote nobody listens at: exit 3, one line; with sync = "auto", a warning only.
+    dead = f"ssh://root@{sshd.addresses['ct200']}:1{remote}"
+    offline = engineer(tmp_path, "carol", two_nodes, dead, sync="auto")
+    one_error(snap(offline, "sync"), 3, "cannot reach the remote")
+    reading = snap(offline, "log")
+    assert reading.code == 0 and "warning: not synced" in reading.err, reading
+    # A repository of some project, not a snapver store: refused, nothing published.
+    project = bare_remote(tmp_path / "project.git")
+    empty_tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    subprocess.run(["git", "--git-dir", str(project), "mktree"], input=b"", check=True, capture_output=True)
+    commit = subprocess.run(["git", "--git-dir", str(project), "-c", "user.name=x", "-c", "user.email=x@x",
+                             "commit-tree", empty_tree, "-m", "a project"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    subprocess.run(["git", "--git-dir", str(project), "update-ref", "refs/heads/main", commit], check=True)
+    wrong = engineer(tmp_path, "dave", two_nodes, str(project))
+    ok(wrong, "pull", "ct200")
+    one_error(snap(wrong, "sync"), 3, "not a snapver store")
+    assert list(remote_refs(project)) == ["refs/heads/main"]
+    # A second store claiming alice's writer id: refused, the remote keeps alice's refs.
+    twin = engineer(tmp_path, "eve", two_nodes, url)
+    set_writer(twin, "alice@lab")
+    before = remote_refs(remote)
+    one_error(snap(twin, "sync"), 3, "already publishes")
+    assert remote_refs(remote) == before
+    # Even once it believes it synced before: its branches do not contain alice's, refused.
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
+                   check=True)
+    ok(twin, "pull", "ct200")
+    one_error(snap(twin, "sync"), 3, "same writer id")
+    assert remote_refs(remote) == before
+    # A remote whose hook refuses the push: exit 3, nothing published; the next sync completes.
+    hook = remote / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'no permission' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    ok(alice, "tag", "v2", "ct129")
+    one_error(snap(alice, "sync"), 3, "refused the push")
+    assert "refs/snapver/alice@lab/tags/v2" not in remote_refs(remote)
+    hook.unlink()
+    ok(alice, "sync")
+    assert "refs/snapver/alice@lab/tags/v2" in remote_refs(remote)
+    # No remote configured: a config error; a locked store: exit 4.
+    plain = tmp_path / "plain" / ".snapver"
+    plain.parent.mkdir()
+    plain.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": two_nodes}))
+    one_error(snap(plain, "sync"), 2, "store.remote")
+    from snapver.store.lock import store_lock
+
+    with store_lock(alice.parent / "snapshots"):
+        os.environ["SNAPVER_LOCK_WAIT"] = "0.2"
+        one_error(snap(alice, "sync"), 4, "locked")
