@@ -73,7 +73,7 @@ def measured_python(folder: Path, env: dict[str, str] | None = None) -> tuple[Pa
 
 
 def snapver_measured(*args: str, cwd: Path | None = None, timeout: float = 120) -> tuple[int, str, int]:
-    """``python -m snapver ARGS`` under GNU time: (exit code, stderr, peak KiB). GNU time
+    """``python -m snapver ARGS`` under GNU time: (exit code, stdout + stderr, peak KiB). GNU time
     forks it from its own small process (a child forked from pytest would start with
     pytest's resident set as its high-water mark)."""
     require_gnu_time()
@@ -81,7 +81,8 @@ def snapver_measured(*args: str, cwd: Path | None = None, timeout: float = 120) 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([TIME, "-f", "%M", "-o", str(report), sys.executable, "-m", "snapver", *args],
                           cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    return done.returncode, done.stderr.decode(errors="replace"), int(report.read_text().split()[-1])
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    return done.returncode, output, int(report.read_text().split()[-1])
 
 
 def agent_peaks(report: Path) -> list[int]:
@@ -97,8 +98,8 @@ def test_a_500mb_class_file_is_pulled_in_bounded_memory_and_hashed_right(
     """A 300 MB file: the client stays within 100 MiB, the agent within 50 MiB (main
     needed ~3x and ~2x the file); the snapshot's blob is the file byte for byte (git's
     own id, checked by git fsck), its manifest digest its blake3; a small file beside it
-    travels the small-file way. Then `diff -q` against the node, after the file changed,
-    still holds no file whole."""
+    travels the small-file way. Then `diff -q` and `diff` against the node, after the
+    file changed there, hold no file whole either."""
     site = make_site_packages("ct200", files={f"{SRT}/__init__.py": "x = 1\n"})
     write_big(site / BIG, 300, b"first")
     python, agent_report = measured_python(tmp_path / "node-python")
@@ -124,6 +125,10 @@ def test_a_500mb_class_file_is_pulled_in_bounded_memory_and_hashed_right(
     code, err, client_kib = snapver_measured("diff", "-q", "ct200")
     assert code == 1, err
     assert client_kib <= 100 * 1024, f"diff -q: client peak {client_kib // 1024} MiB"
+    # A full diff shows it as binary (as git does above core.bigFileThreshold), reading neither side.
+    code, out, client_kib = snapver_measured("diff", "ct200")
+    assert code == 1 and f"Binary files a/{BIG} and b/{BIG} differ" in out, out
+    assert client_kib <= 100 * 1024, f"diff: client peak {client_kib // 1024} MiB"
     assert max(agent_peaks(agent_report)) <= 50 * 1024
 
 
