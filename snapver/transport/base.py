@@ -65,7 +65,8 @@ class StreamedFile:
             pass
 
 
-FileItem = tuple[str, "str | None", "bytes | StreamedFile"]
+# What a file stream yields: (path, kind or None if it vanished, content or its pieces).
+FileItem = tuple[str, str | None, bytes | StreamedFile]
 
 
 @dataclass
