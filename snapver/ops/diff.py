@@ -32,6 +32,9 @@ from snapver.transport.connect import open_transport
 
 NULL_OID = "0" * 40
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
+# A file above this is shown as binary without being read (git's core.bigFileThreshold
+# rule, at a size that keeps a diff of two versions within ~100 MiB of memory).
+DIFF_WHOLE_MAX = 16 << 20
 
 
 @dataclass
@@ -179,9 +182,11 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
             same = sorted((path for path in chosen if path not in differing), key=os.fsencode)
         result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same)
         if contents and changes:
-            old_data = read_contents(store, side_a, [c.old for c in changes if c.old is not None])
-            new_data = read_contents(store, side_b, [c.new for c in changes if c.new is not None])
-            result.files = [file_diff(c, old_data.get(c.path), new_data.get(c.path), context) for c in changes]
+            readable = [c for c in changes if not too_big_to_diff(c)]
+            old_data = read_contents(store, side_a, [c.old for c in readable if c.old is not None])
+            new_data = read_contents(store, side_b, [c.new for c in readable if c.new is not None])
+            result.files = [file_diff(c, old_data.get(c.path), new_data.get(c.path), context,
+                                      whole=not too_big_to_diff(c)) for c in changes]
         elif contents:
             result.files = []
         return result
@@ -393,16 +398,23 @@ def is_binary(data: bytes) -> bool:
     return b"\0" in data[:BINARY_SNIFF]
 
 
-def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, context: int = 3) -> FileDiff:
+def too_big_to_diff(change: Change) -> bool:
+    """True when a side of ``change`` is above DIFF_WHOLE_MAX: compared by blob id, never read."""
+    return any(entry is not None and entry.size > DIFF_WHOLE_MAX for entry in (change.old, change.new))
+
+
+def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, context: int = 3,
+              whole: bool = True) -> FileDiff:
     """The git-style unified diff of one change, with its diffstat numbers.
 
     ``old_data``/``new_data`` are the contents (a link's target for a symlink); a type
-    change (file ↔ link) is shown as a deletion and an addition, as git does.
+    change (file ↔ link) is shown as a deletion and an addition, as git does. Not
+    ``whole``: the contents were not read (too big): shown as binary, sized by the entries.
     """
     old, new = change.old, change.new
     if old is not None and new is not None and old.kind != new.kind:
-        gone = file_diff(Change(change.path, DELETED, old, None), old_data, None, context)
-        made = file_diff(Change(change.path, ADDED, None, new), None, new_data, context)
+        gone = file_diff(Change(change.path, DELETED, old, None), old_data, None, context, whole)
+        made = file_diff(Change(change.path, ADDED, None, new), None, new_data, context, whole)
         return FileDiff(change, gone.text + made.text, gone.added + made.added, gone.removed + made.removed,
                         gone.binary or made.binary, gone.old_size, made.new_size)
     old_bytes = old_data or b""
@@ -427,12 +439,15 @@ def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, co
                 lines.append(index + b"\n")
         elif old_oid != new_oid:
             lines.append(index + b" %s\n" % git_mode(old).encode())
-    result = dict(old_size=len(old_bytes), new_size=len(new_bytes))
+    if whole:
+        result = dict(old_size=len(old_bytes), new_size=len(new_bytes))
+    else:
+        result = dict(old_size=old.size if old is not None else 0, new_size=new.size if new is not None else 0)
     if old_oid == new_oid:
         return FileDiff(change, b"".join(lines), **result)
     from_name = _tab_if_space(a_name) if old is not None else "/dev/null"
     to_name = _tab_if_space(b_name) if new is not None else "/dev/null"
-    if is_binary(old_bytes) or is_binary(new_bytes):
+    if not whole or is_binary(old_bytes) or is_binary(new_bytes):
         lines.append(b"Binary files %s and %s differ\n" % (
             _enc(a_name if old is not None else "/dev/null"), _enc(b_name if new is not None else "/dev/null")))
         return FileDiff(change, b"".join(lines), binary=True, **result)

@@ -29,7 +29,7 @@ from snapver.store import refs
 from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
 from snapver.store.team import writer_of
-from snapver.transport.base import Listing, Transport
+from snapver.transport.base import FileChanged, FileItem, Listing, StreamedFile, Transport
 from snapver.transport.connect import open_transport
 
 # Round trips slower than this suggest a far, slower link: compress the stream there.
@@ -59,7 +59,7 @@ class NodePull:
     listing: Listing | None = field(default=None, repr=False)
     parent: str | None = field(default=None, repr=False)
     parent_manifest: Manifest | None = field(default=None, repr=False)
-    prefetch: Callable[[list[str]], Iterator[tuple[str, str | None, bytes]]] | None = field(default=None, repr=False)
+    prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
     started: float = field(default=0.0, repr=False)
 
     @property
@@ -315,7 +315,7 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
         stream = result.prefetch([e.path for e in result.listing.entries])
         result.prefetch = None
     else:
-        stream = result.transport.read_files(list(by_path), compress_level=_compress_level(result.transport))
+        stream = result.transport.stream_files(list(by_path), compress_level=_compress_level(result.transport))
     changed: dict[str, StatEntry | None] = {}
     try:
         for path, kind, data in stream:
@@ -325,15 +325,27 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
             if kind is None:
                 changed[path] = None  # vanished since the listing
                 continue
-            oid = importer.add_blob(data)
-            digests[oid] = blake3.blake3(data).hexdigest()
+            if isinstance(data, StreamedFile):
+                # Hashed (blob id, blake3) and written as it arrives, never held whole.
+                content = blake3.blake3()
+                try:
+                    oid = importer.add_blob_stream(data.size, data, (content, _Progress(on_progress)))
+                except FileChanged:
+                    continue  # the node read it again: the next item is this path once more
+                digest, size = content.hexdigest(), data.size
+                unreported = 0  # its bytes were reported piece by piece
+            else:
+                oid = importer.add_blob(data)
+                digest, size = blake3.blake3(data).hexdigest(), len(data)
+                unreported = size
+            digests[oid] = digest
             result.fetched_files += 1
-            result.fetched_bytes += len(data)
+            result.fetched_bytes += size
             if oid != listed.oid or kind != listed.kind:
-                changed[path] = StatEntry(path, kind, listed.mode, len(data), listed.mtime_ns,
+                changed[path] = StatEntry(path, kind, listed.mode, size, listed.mtime_ns,
                                           listed.ctime_ns, listed.ino, oid, listed.target)
             if on_progress:
-                on_progress(1, len(data))
+                on_progress(1, unreported)
     except TransportError as exc:
         # This node failed; a store error (disk full) is not caught here: it ends the pull.
         result.error = exc
@@ -343,6 +355,17 @@ def _fetch(result: NodePull, entries: list[StatEntry], importer: Importer, diges
         kept = [changed.get(e.path, e) for e in result.listing.entries]
         result.listing = Listing(result.listing.now_ns, [e for e in kept if e is not None],
                                  result.listing.hashed)
+
+
+class _Progress:
+    """A streamed file's bytes reported as they arrive (a digest-like sink)."""
+
+    def __init__(self, on_progress: ProgressFn | None) -> None:
+        self.on_progress = on_progress
+
+    def update(self, piece: bytes | memoryview) -> None:
+        if self.on_progress:
+            self.on_progress(0, len(piece))
 
 
 def _compress_level(transport: Transport) -> int:

@@ -28,6 +28,7 @@ from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
 from snapver.store.lock import store_is_locked, store_lock, unwritable_store
+from snapver.store.loose import Digest, LooseBlob, write_loose_blob
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
@@ -613,6 +614,7 @@ class Importer:
         except OSError as exc:
             raise unwritable_store(store.path, exc) from exc
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...]]] = []
+        self._loose: list[LooseBlob] = []  # large blobs, placed when the session finishes
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
 
@@ -625,6 +627,33 @@ class Importer:
         oid = oid or blob_oid(data)
         with self._lock:
             self._add(oid, data, BLOB_TYPE)
+        return oid
+
+    def add_blob_stream(self, size: int, pieces: Iterable[bytes | memoryview],
+                        digests: Iterable[Digest] = ()) -> str:
+        """Write a blob of ``size`` bytes that arrives in ``pieces`` (never held whole) and
+        return its git id; each piece is also fed to ``digests``. It becomes a loose object
+        when the session finishes (``store/loose.py``); one the store or this session has
+        already is dropped. An exception from ``pieces`` leaves nothing behind."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            blob = write_loose_blob(self.store.path / "objects", size, pieces, digests)
+        except OSError as exc:
+            raise unwritable_store(self.store.path, exc) from exc
+        except ValueError as exc:
+            raise StoreError(f"a streamed blob did not match its announced size: {exc}") from exc
+        oid = blob.oid
+        assert oid is not None
+        with self._lock:
+            duplicate = oid in self._written
+        if duplicate or self.store.existing([oid]):
+            blob.abort()
+        else:
+            with self._lock:
+                self._loose.append(blob)
+        with self._lock:
+            self._written.add(oid)
         return oid
 
     def _add(self, oid: str, data: bytes, kind: int) -> None:
@@ -654,20 +683,24 @@ class Importer:
     def finish(self) -> dict[int, str]:
         """Write the queued commits, make every object visible, move the refs."""
         if self._broken is not None:
-            self._pack.abort()
+            self.abort()
             raise self._broken
         try:
             moves, fresh = self._commit_objects()
             with self._lock:
                 for oid, kind, body in fresh:
                     self._add(oid, body, kind)
-            if self._pack.finish() is not None:
-                record_raw_bytes(self.store.path, self._pack.size)
+            for blob in self._loose:  # durable already (fsync'd when closed)
+                blob.place()
+            raw = sum(blob.bytes_written for blob in self._loose)
+            self._loose = []
+            if self._pack.finish() is not None or raw:
+                record_raw_bytes(self.store.path, self._pack.size + raw)
         except OSError as exc:
-            self._pack.abort()
+            self.abort()
             raise unwritable_store(self.store.path, exc) from exc
         except BaseException:
-            self._pack.abort()
+            self.abort()
             raise
         if moves:
             self._move_refs(moves)
@@ -675,8 +708,11 @@ class Importer:
         return self.results
 
     def abort(self) -> None:
-        """Drop everything written: no pack, no ref moves."""
+        """Drop everything written: no pack, no loose blob, no ref moves."""
         self._pack.abort()
+        for blob in self._loose:
+            blob.abort()
+        self._loose = []
 
     def _commit_objects(self) -> tuple[dict[str, tuple[str, str | None]], list[tuple[str, int, bytes]]]:
         """Every queued commit with the trees and manifest blobs it needs.

@@ -22,6 +22,9 @@ import time
 import zlib
 
 CHUNK = 1 << 20
+# Files above this travel in CHUNK pieces, never held whole (op_read); smaller ones are
+# read with one read() and sent with their neighbours in one frame (the sglang tree's way).
+BIG_FILE = 4 << 20
 PROTOCOL = 1
 # The oldest Python the agent runs on: the bootstrap (transport/base.py) refuses older ones
 # before this file is even compiled, and the client checks hello's python_version again.
@@ -84,6 +87,11 @@ class Channel:
         self.wfile.write(struct.pack(">I", len(data)))
         if data:
             self.wfile.write(data)
+
+    def send_frame_parts(self, head, body):
+        """One frame of ``head`` then ``body`` (a view of a reused buffer: written, never joined)."""
+        self.wfile.write(struct.pack(">I", len(head) + len(body)) + head)
+        self.wfile.write(body)
 
     def flush(self):
         self.wfile.flush()
@@ -440,39 +448,128 @@ def _stable(where, st, read, expect=None):
     raise AgentError("%s: keeps changing while read" % where, "remote")
 
 
+class TooBig(Exception):
+    """A file above BIG_FILE (grown since listed): it travels in pieces (``_stream_file``)."""
+
+
 def _read_whole(fd, st):
+    if st.st_size > BIG_FILE:
+        raise TooBig()
     data = os.read(fd, st.st_size + 1)  # one read() per file; +1 sees a file that grew
-    if len(data) != st.st_size:  # it grew or shrank, or is too large for one read()
-        os.lseek(fd, 0, os.SEEK_SET)
-        with open(fd, "rb", buffering=0, closefd=False) as handle:
-            data = handle.read()
+    if len(data) != st.st_size:  # it grew or shrank, or the read came short
+        pieces, held = [data], len(data)
+        while held <= BIG_FILE:  # never more: a file grown past it is streamed
+            more = os.read(fd, BIG_FILE + 1 - held)
+            if not more:
+                break
+            pieces.append(more)
+            held += len(more)
+        if held > BIG_FILE:
+            raise TooBig()
+        data = b"".join(pieces)
     return data, len(data)
 
 
 _CHUNK_BUFFER = []
 
 
-def _hash_chunks(fd, st, algo):
-    """(hex digest, bytes read) of fd, read in CHUNK pieces into one reused buffer: a
-    bytes object per large file is a fresh mapping whose every page faults in. Stops at
-    st_size + 1 bytes: enough to see that the file grew."""
+def _pieces(fd, size):
+    """Views of fd's content, read in CHUNK pieces into one reused buffer (each view is
+    valid until the next is asked for): a bytes object per large file is a fresh mapping
+    whose every page faults in. Stops at ``size`` + 1 bytes: enough to see that the file grew."""
     if not _CHUNK_BUFFER:
         _CHUNK_BUFFER.append(memoryview(bytearray(CHUNK)))
     buffer = _CHUNK_BUFFER[0]
-    digest = _blob_digest(st.st_size) if algo is None else _hashlib().new(algo)
     length = 0
     while True:
-        want = min(CHUNK, st.st_size + 1 - length)
+        want = min(CHUNK, size + 1 - length)
         if want <= 0:
-            break
+            return
         got = os.readv(fd, [buffer[:want]])
         if not got:
-            break
-        digest.update(buffer[:got])
+            return
+        yield buffer[:got]
         length += got
-        if got < want and length == st.st_size:  # the end, where it was listed to be
-            break
+        if got < want and length == size:  # the end, where it was listed to be
+            return
+
+
+def _hash_chunks(fd, st, algo):
+    """(hex digest, bytes read) of fd, read in pieces (``_pieces``)."""
+    digest = _blob_digest(st.st_size) if algo is None else _hashlib().new(algo)
+    length = 0
+    for piece in _pieces(fd, st.st_size):
+        digest.update(piece)
+        length += len(piece)
     return digest.hexdigest(), length
+
+
+def _stable_key(st):
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _stream_file(where, head, emit, send_piece):
+    """Send a large regular file in pieces, never held whole (the agent stays within ~50 MiB
+    whatever its size). A record of kind 5: its size (as fstat says when opened), then
+    pieces, each a 4-byte length and that many bytes, a zero length, and one byte: 1 when
+    the file stayed the same while read (inode, size, times), 0 when it changed: the client
+    discards what it received and another record for the same path follows (it is read
+    again, at most 5 times: then a kind 3 record says it keeps changing). A file whose
+    ctime is under SETTLE_NS old is read only once it stayed the same that long (it may be
+    half-way through a rewrite). ``head``: the record's path part; ``emit``: bytes into
+    the stream; ``send_piece``: a piece (a view of a reused buffer) into the stream."""
+    for _ in range(5):
+        try:
+            fd = open_file_at(where)  # os.read: no buffered file object
+        except (FileNotFoundError, NotADirectoryError):
+            emit(head + struct.pack(">BQ", 0, 0))  # vanished (since a previous try too)
+            return
+        try:
+            st = os.fstat(fd)
+            quiet = time.time_ns() - st.st_ctime_ns
+            if quiet < SETTLE_NS:
+                time.sleep((SETTLE_NS - quiet) / 1e9)
+                settled = os.fstat(fd)
+                if _stable_key(settled) != _stable_key(st):
+                    continue  # still being written: look again
+            emit(head + struct.pack(">BQ", 5, st.st_size))
+            length = 0
+            try:
+                for piece in _pieces(fd, st.st_size):
+                    if length == 0:
+                        _pause_streaming()
+                    length += len(piece)
+                    send_piece(piece)
+            except OSError as exc:  # a read error half-way (EIO): end the record in step
+                emit(struct.pack(">IB", 0, 0) + head + _unreadable("%s: %s" % (where, exc.strerror or exc)))
+                return
+            same = _stable_key(os.fstat(fd)) == _stable_key(st) and length == st.st_size
+            emit(struct.pack(">IB", 0, 1 if same else 0))
+            if same:
+                return
+        finally:
+            os.close(fd)
+    emit(head + _unreadable("%s: keeps changing while read" % where))
+
+
+def _unreadable(reason):
+    data = reason.encode("utf-8", "replace")
+    return struct.pack(">BQ", 3, len(data)) + data
+
+
+def _pause_streaming(count=[0]):
+    """A test hook: with SNAPVER_TEST_STREAMED_HOOK=DIR, once the first piece of a streamed
+    file is read (the rest not yet), write DIR/streamed-N and wait (at most 60 s) for
+    DIR/go-N: a test changes the file in between."""
+    folder = os.environ.get("SNAPVER_TEST_STREAMED_HOOK")
+    if not folder:
+        return
+    count[0] += 1
+    with open(os.path.join(folder, "streamed-%d" % count[0]), "w"):
+        pass
+    deadline = time.time() + 60
+    while not os.path.exists(os.path.join(folder, "go-%d" % count[0])) and time.time() < deadline:
+        time.sleep(0.01)
 
 
 def walk(tree, tracked_paths, patterns):
@@ -596,9 +693,11 @@ def op_read(channel, request):
 
     Record: path length (4) + path + kind (1: file, 2: link, 4: special file — the line
     that stands for it —, 0: vanished, 3: unreadable, the content being the reason) +
-    size (8) + content. A zero path length ends the stream. (An error reply in the middle
-    of the stream would put it out of step.) A path whose folder became a symlink since
-    it was listed is unreadable, never followed.
+    size (8) + content. A file above BIG_FILE is a record of kind 5 instead, its content
+    in pieces and checked after they are sent (``_stream_file``), so neither side holds it
+    whole. A zero path length ends the stream. (An error reply in the middle of the
+    stream would put it out of step.) A path whose folder became a symlink since it was
+    listed is unreadable, never followed.
     """
     site = site_packages_of(request.get("site_packages"))
     level = request.get("compress_level", 0)
@@ -621,12 +720,21 @@ def op_read(channel, request):
             del pending[:]
             pending_size[0] = 0
 
+    def send_piece(piece):
+        if compressor is not None:
+            emit(struct.pack(">I", len(piece)))
+            emit(piece)
+        else:  # its own frame, straight from the reused buffer
+            flush_pending()
+            channel.send_frame_parts(struct.pack(">I", len(piece)), piece)
+
     paths = channel.listed if request.get("listed") else request["paths"]
     channel.send({"ok": True})
     tree = Tree(site)
     try:
         for rel in paths:
             encoded = fs(rel)
+            head = struct.pack(">I", len(encoded)) + encoded
             try:
                 where = at_path(tree, rel)
                 st = lstat_at(where)
@@ -634,15 +742,21 @@ def op_read(channel, request):
                     kind, data = 2, fs(readlink_at(where))
                 elif stat.S_ISREG(st.st_mode):
                     kind = 1
-                    data, st = read_stable(where, st)
+                    try:
+                        data, st = read_stable(where, st)
+                    except TooBig:
+                        _stream_file(where, head, emit, send_piece)
+                        continue
                 else:
                     kind, data = 4, special_text(st)
             except (FileNotFoundError, NotADirectoryError):
                 kind, data = 0, b""
             except (AgentError, OSError) as exc:
-                kind, data = 3, str(exc).encode("utf-8", "replace")
-            emit(struct.pack(">I", len(encoded)) + encoded + struct.pack(">BQ", kind, len(data)))
+                emit(head + _unreadable(str(exc)))
+                continue
+            emit(head + struct.pack(">BQ", kind, len(data)))
             emit(data)
+            del data  # a large one is not held while the next is read
     finally:
         tree.close()
     emit(struct.pack(">I", 0))

@@ -22,12 +22,51 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
+from snapver.transport.agent import ABORT_FRAME, BIG_FILE, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
 from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
 # What the node is sent: the source compressed (27 kB -> ~8 kB a connection).
 AGENT_PAYLOAD = zlib.compress(AGENT_SOURCE, 6)
+
+
+# A record of a file above the agent's BIG_FILE: its content in pieces (agent._stream_file).
+STREAMED = 5
+# The largest record of one piece (a file up to BIG_FILE, a link, a reason): a larger size
+# is a node out of step, never a request to hold that much.
+WHOLE_RECORD_MAX = 2 * BIG_FILE
+INFLATE_AT_ONCE = 4 << 20
+
+
+class FileChanged(Exception):
+    """The node saw a streamed file change while it read it: what came of it is void, and
+    the stream sends the path again (another state of the file, or its end)."""
+
+
+class StreamedFile:
+    """A large file as it arrives: ``size`` (as the node found it when it opened it) and its
+    pieces, by iterating once (each piece is valid until the next is asked for). The
+    iteration raises ``FileChanged`` at its end if the node saw the file change."""
+
+    def __init__(self, path: str, size: int, pieces: Iterator[bytes | memoryview]) -> None:
+        self.path = path
+        self.size = size
+        self._pieces = pieces
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        return self._pieces
+
+    def drain(self) -> None:
+        """Read whatever its consumer left unread (to keep the stream in step)."""
+        try:
+            for _ in self._pieces:
+                pass
+        except FileChanged:
+            pass
+
+
+# What a file stream yields: (path, kind or None if it vanished, content or its pieces).
+FileItem = tuple[str, str | None, bytes | StreamedFile]
 
 
 @dataclass
@@ -387,33 +426,68 @@ class Transport(ABC):
         return listing
 
     def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
-        """Stream ``(path, kind or None if it vanished, content)`` for ``paths``, in order."""
-        reply = self.request("read", paths=paths, compress_level=compress_level)
-        return self._file_stream(reply, paths, compress_level)
+        """Stream ``(path, kind or None if it vanished, content)`` for ``paths``, in order.
 
-    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[
-            tuple[str, str | None, bytes]]]:
+        Each content is whole, a large file's too: for consumers of small files (RECORD, a
+        diff's text); ``stream_files`` hands large files over in pieces."""
+        reply = self.request("read", paths=paths, compress_level=compress_level)
+        return self._file_stream(reply, paths, compress_level, whole=True)
+
+    def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
+        """``read_files``, with each large file as a ``StreamedFile`` (read its pieces before
+        asking for the next item; one the node saw change while read raises ``FileChanged``
+        and comes again, as the next item)."""
+        reply = self.request("read", paths=paths, compress_level=compress_level)
+        return self._file_stream(reply, paths, compress_level, whole=False)
+
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[FileItem]]:
         """Ask now for every path of the listing requested just before, so that the node
         streams them right after its listing (a first pull saves a round trip); returns
-        ``read_files`` for those paths (``paths``: the listing's, in its order)."""
+        ``stream_files`` for those paths (``paths``: the listing's, in its order)."""
         reply = self.request("read", listed=True, compress_level=compress_level)
-        return lambda paths: self._file_stream(reply, paths, compress_level)
+        return lambda paths: self._file_stream(reply, paths, compress_level, whole=False)
 
     def _file_stream(self, reply: Callable[[], dict[str, Any]], paths: list[str],
-                     compress_level: int) -> Iterator[tuple[str, str | None, bytes]]:
+                     compress_level: int, whole: bool) -> Iterator[FileItem]:
         reply()
         decompressor = zlib.decompressobj() if compress_level else None
         stream = ByteQueue()
         wanted = set(paths)
         finished = False
 
-        def take(size: int) -> bytes:
+        def fill(size: int) -> None:
             while stream.size < size:
+                if decompressor is not None and decompressor.unconsumed_tail:
+                    stream.put(decompressor.decompress(decompressor.unconsumed_tail, INFLATE_AT_ONCE))
+                    continue
                 frame = self._recv_frame()
                 if not frame:
                     raise TransportError(f"{self.spec.name}: file stream ended early")
-                stream.put(decompressor.decompress(frame) if decompressor else frame)
+                # At most INFLATE_AT_ONCE a step: a MB of zlib can hold a GB of zeros.
+                stream.put(decompressor.decompress(frame, INFLATE_AT_ONCE) if decompressor else frame)
+
+        def take(size: int) -> bytes:
+            fill(size)
             return stream.take(size)
+
+        def pieces(path: str, size: int) -> Iterator[bytes | memoryview]:
+            received = 0
+            while True:
+                (length,) = struct.unpack(">I", take(4))
+                if not length:
+                    break
+                received += length
+                if received > size + 1:  # the node reads at most one byte more than it said
+                    raise TransportError(f"{self.spec.name}: sent more of {path!r} than its size")
+                fill(length)
+                piece = stream.take_view(length)
+                if received <= size:  # (beyond: it grew while read, and the end says it changed)
+                    yield piece
+            (stable,) = take(1)
+            if stable == 0:
+                raise FileChanged(path)
+            if stable != 1 or received != size:
+                raise TransportError(f"{self.spec.name}: malformed file stream for {path!r}")
 
         try:
             while True:
@@ -423,9 +497,23 @@ class Transport(ABC):
                     break
                 path = take(name_len).decode("utf-8", "surrogateescape")
                 kind_code, size = struct.unpack(">BQ", take(9))
-                data = take(size)
                 if path not in wanted:
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
+                if kind_code == STREAMED:
+                    streamed = StreamedFile(path, size, pieces(path, size))
+                    if whole:
+                        try:
+                            data = b"".join(streamed)
+                        except FileChanged:
+                            continue  # it comes again
+                        yield path, FILE, data
+                    else:
+                        yield path, FILE, streamed
+                        streamed.drain()
+                    continue
+                if size > WHOLE_RECORD_MAX:
+                    raise TransportError(f"{self.spec.name}: sent a record of {size} bytes for {path!r}")
+                data = take(size)
                 if kind_code == 3:  # the node could not read it (the reason is the content)
                     raise TransportError(f"{self.spec.name}: {data.decode('utf-8', 'replace')}")
                 yield path, {1: FILE, 2: LINK, 4: SPECIAL}.get(kind_code), data

@@ -24,6 +24,19 @@ class ByteQueue:
             self._pieces.append(piece)
             self.size += len(piece)
 
+    def take_view(self, count: int) -> bytes | memoryview:
+        """``take``, but a view (no copy) when the bytes lie within one piece."""
+        head = self._pieces[0] if self._pieces else b""
+        if self._offset + count <= len(head) and count:
+            view = memoryview(head)[self._offset:self._offset + count]
+            self.size -= count
+            self._offset += count
+            if self._offset == len(head):
+                self._pieces.popleft()
+                self._offset = 0
+            return view
+        return self.take(count)
+
     def take(self, count: int) -> bytes:
         """The next ``count`` bytes (all that is held if fewer)."""
         count = min(count, self.size)

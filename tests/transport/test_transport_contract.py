@@ -23,7 +23,7 @@ import pytest
 from snapver.config import parse_config
 from snapver.errors import RemotePathError, TransportError
 from snapver.model import DistInfo
-from snapver.transport.base import Transport
+from snapver.transport.base import StreamedFile, Transport
 from snapver.transport.connect import open_transport
 
 SRT = "sglang/srt"
@@ -369,9 +369,11 @@ def test_stat_cache_skips_hashing_but_catches_same_size_same_mtime_changes(conne
 @pytest.mark.parametrize("compress_level", [0, 1])
 def test_read_files_streams_exact_content_in_order(connect, make_site_packages, compress_level: int) -> None:
     big = os.urandom(3 << 20)  # several frames
+    huge = os.urandom((5 << 20) + 3)  # above the agent's BIG_FILE: streamed in pieces
     site = make_site_packages("n")
     paths = [write_raw(site, raw(SRT) + b"/" + name, b"odd " + name) for name in ODD_NAMES[:8]]
     paths += [write_raw(site, raw(SRT) + b"/big.bin", big), write_raw(site, raw(SRT) + b"/empty.py")]
+    paths += [write_raw(site, raw(SRT) + b"/huge.so", huge)]
     os.symlink(b"big.bin", os.path.join(raw(site), raw(SRT), b"link"))
     paths += [raw(SRT) + b"/link", raw(SRT) + b"/vanished.py", raw(SRT) + b"/no/such/dir.py"]
     wanted = [os.fsdecode(path) for path in reversed(paths)]
@@ -389,6 +391,15 @@ def test_read_files_streams_exact_content_in_order(connect, make_site_packages, 
                 assert (kind, data) == ("f", handle.read())
     assert transport.bytes_received >= (len(big) if compress_level == 0 else 0)
     assert transport.ping() < 5  # the channel is in step after the stream
+    # stream_files: the same, a large file in pieces (none of them more than a MiB).
+    streamed = []
+    for path, kind, data in transport.stream_files(wanted, compress_level=compress_level):
+        if isinstance(data, StreamedFile):
+            pieces = [bytes(piece) for piece in data]
+            assert len(pieces) > 1 and max(map(len, pieces)) <= 1 << 20 and data.size == len(huge)
+            data = b"".join(pieces)
+        streamed.append((path, kind, data))
+    assert streamed == got
     assert len(transport.list_tree().entries) == len(paths) - 2
 
 
