@@ -279,8 +279,7 @@ def rollback(
 ) -> int:
     """Undo the last push on nodes, or restore their trees exactly to a snapshot with --to.
 
-    Undoing writes back only the files the push wrote, each only while it still holds what
-    the push wrote.
+    Undoing restores only the files the push wrote, each only while it still holds them.
 
     Examples:
       snapver rollback ct200            # undo the last push on ct200
