@@ -15,8 +15,10 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
+from snapver.errors import StoreError
 from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 
 RAW_BYTES_BEFORE_COMPACT = 32 << 20
@@ -28,7 +30,11 @@ REPACK_TIMEOUT = 3600.0
 # and pack.windowMemory always keeps one object beside the current one, so a 500 MB .so
 # would need over 1 GB whatever the window. Smaller blobs are searched within 64 MiB of
 # window, on one thread (each thread has its own window), with the computed-delta and
-# delta-base caches and the pack files' mmap windows capped too.
+# delta-base caches and the pack files' mmap windows capped too. git maps a loose object
+# whole, so big loose blobs (a pull writes its streamed files loose) are first rewritten as
+# packs of their own (``_pack_big_loose``), which git reads through these windows.
+# packedGitLimit 64m: a 96 MiB blob's compaction peaked at ~70 MiB (~103 MiB with 128m,
+# which held the whole pack mapped; ~101 MiB as a loose object).
 REPACK_CAPS = {
     "pack.compression": "1",
     "core.bigFileThreshold": "16m",
@@ -37,7 +43,7 @@ REPACK_CAPS = {
     "pack.deltaCacheSize": "16m",
     "core.deltaBaseCacheLimit": "32m",
     "core.packedGitWindowSize": "32m",
-    "core.packedGitLimit": "128m",
+    "core.packedGitLimit": "64m",
 }
 STATE = "snapver/compact.json"
 LOCK = "snapver/compact.lock"
@@ -74,6 +80,50 @@ def maybe_compact(store_path: Path) -> int | None:
     return process.pid
 
 
+# A loose blob at least this big (its file: a pull writes big blobs as stored deflate, so
+# about their size) is rewritten as a pack of its own before the repack: bigFileThreshold.
+BIG_LOOSE_BYTES = 16 << 20
+
+
+def _pack_big_loose(store_path: Path) -> int:
+    """Rewrite each big loose blob as a one-object pack, then remove the loose file; returns
+    how many. The pack is placed before the loose file goes, so the object is never absent;
+    a blob that does not read back whole and right is left loose (git's repack reads it)."""
+    from snapver.store.blobpack import BlobPack
+    from snapver.store.repo import _loose_blob_pieces
+
+    objects = store_path / "objects"
+    moved = 0
+    for folder in objects.glob("[0-9a-f][0-9a-f]"):
+        for path in folder.iterdir():
+            oid = folder.name + path.name
+            try:
+                if len(oid) != 40 or path.lstat().st_size < BIG_LOOSE_BYTES:
+                    continue
+                with open(path, "rb") as handle:
+                    head = zlib.decompressobj().decompress(handle.read(64), 64)
+            except (OSError, zlib.error):
+                continue
+            kind, _, rest = head.partition(b" ")
+            length = rest.partition(b"\0")[0]
+            if kind != b"blob" or not length.isdigit():
+                continue
+            blob = BlobPack(objects, int(length))
+            try:
+                with open(path, "rb") as handle:
+                    for piece in _loose_blob_pieces(handle, oid, 1 << 20):
+                        blob.write(piece)
+                if blob.close() != oid:
+                    raise ValueError(f"{oid} does not read back as itself")
+            except (OSError, ValueError, StoreError):
+                blob.abort()
+                continue
+            blob.place()
+            path.unlink(missing_ok=True)
+            moved += 1
+    return moved
+
+
 def compact(store_path: Path) -> int:
     """Repack the store once (skipped if another compaction holds the lock)."""
     lock_path = store_path / LOCK
@@ -89,6 +139,7 @@ def compact(store_path: Path) -> int:
             raw_before = 0
         pack_dir = store_path / "objects" / "pack"
         remove_dead_writers_packs(pack_dir)  # what an earlier, killed compaction left
+        _pack_big_loose(store_path)
         before = _git_temps(pack_dir)
         # Low priority: a compaction must never slow the pulls it makes room for.
         os.nice(10)
