@@ -175,7 +175,7 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     os.replace(tmp, path)
 
 
-def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, rows: dict[str, list]) -> None:
+def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, rows: dict[str, list[object]]) -> None:
     """Write the stat keys of cache ``rows`` (path -> [size, mtime, ctime, ino, mode, ...])."""
     path = stat_keys_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)
