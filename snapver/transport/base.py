@@ -38,6 +38,16 @@ WHOLE_RECORD_MAX = 2 * BIG_FILE
 INFLATE_AT_ONCE = 4 << 20
 
 
+@dataclass(frozen=True)
+class StatKeys:
+    """A stat cache's keys as the agent's ``list`` takes them, JSON text already
+    (``{"path": [size, mtime_ns, ctime_ns, ino, mode], ...}``), and a function reading the
+    cache's entries (None when they no longer belong with these keys)."""
+
+    text: str
+    read_cache: Callable[[], dict[str, StatEntry] | None]
+
+
 class FileChanged(Exception):
     """The node saw a streamed file change while it read it: what came of it is void, and
     the stream sends the path again (another state of the file, or its end)."""
@@ -301,6 +311,20 @@ class Transport(ABC):
 
         return reply
 
+    def _request_raw(self, op: str, cache_text: str, **args: Any) -> Callable[[], dict[str, Any]]:
+        """``request`` with a ``cache`` argument given as JSON text, spliced in unparsed."""
+        args.setdefault("site_packages", self.spec.site_packages)
+        head = json.dumps({"op": op, **args}, ensure_ascii=True, separators=(",", ":"))
+        self._send_data(f'{head[:-1]},"cache":{cache_text}}}'.encode("ascii"))
+        self._unanswered += 1
+
+        def reply() -> dict[str, Any]:
+            if self._hello_pending:
+                self.info  # noqa: B018 - the hello reply comes first
+            return self._reply()
+
+        return reply
+
     def _reply(self) -> dict[str, Any]:
         self._unanswered -= 1
         try:
@@ -317,9 +341,12 @@ class Transport(ABC):
         return reply
 
     def _send(self, message: dict[str, Any]) -> None:
+        self._send_data(json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii"))
+
+    def _send_data(self, data: bytes) -> None:
+        """Send one request's JSON text (compressed when large)."""
         if self._channel is None:
             raise TransportError(f"{self.spec.name}: not connected")
-        data = json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
         size = len(data)
         if size > SQUEEZE_OVER:  # a listing's cache: ~4x smaller (see the agent's docstring)
             data = zlib.compress(data, 1)
@@ -394,12 +421,30 @@ class Transport(ABC):
         return self.request_listing(cache, cache_time_ns, want_oids)()
 
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
-                        want_oids: bool = True) -> Callable[[], Listing]:
-        """``list_tree`` in two steps: ask now, and get a function that waits for the listing."""
+                        want_oids: bool = True, cache_keys: StatKeys | None = None) -> Callable[[], Listing]:
+        """``list_tree`` in two steps: ask now, and get a function that waits for the listing.
+
+        ``cache_keys``: the cache's stat keys already encoded, sent as they are, with a
+        function reading the cache itself, called only once the request is sent (so the
+        caller parses it while the node lists); used instead of ``cache``.
+        """
+        if cache_keys is not None:
+            # delta: the node sends only the rows of files whose stat differs from the cache
+            # (an unchanged tree: none); it does not need their blob ids, which we have.
+            reply = self._request_raw("list", cache_keys.text, paths=list(self.spec.paths),
+                                      exclude=list(self.spec.exclude), cache_time_ns=cache_time_ns,
+                                      oids=want_oids, delta=True)
+
+            def merged() -> Listing:
+                files = cache_keys.read_cache()
+                answer = reply()
+                if files is None:  # the cache the keys came from is gone: list again, hashing all
+                    return self.request_listing(None, 0, want_oids)()
+                return self._checked_listing(answer, {p: e for p, e in files.items() if e.kind == FILE})
+
+            return merged
         files = {path: entry for path, entry in (cache or {}).items() if entry.kind == FILE}
         wire_cache = {path: list(entry.stat_key) for path, entry in files.items()}
-        # delta: the node sends only the rows of files whose stat differs from the cache (an
-        # unchanged tree: none); it does not need their blob ids, which we have.
         reply = self.request("list", paths=list(self.spec.paths), exclude=list(self.spec.exclude),
                              cache=wire_cache, cache_time_ns=cache_time_ns, oids=want_oids, delta=bool(files))
         return lambda: self._checked_listing(reply(), files)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
 from snapver.model import StatEntry
-from snapver.transport.base import Listing, RawChannel, Transport, agent_command
+from snapver.transport.base import Listing, RawChannel, StatKeys, Transport, agent_command
 
 
 class LocalTransport(Transport):
@@ -70,7 +70,7 @@ class FolderTransport(LocalTransport):
         return self._rename(path, [(tracked, disk) for disk, tracked in self.roots])
 
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
-                        want_oids: bool = True) -> Callable[[], Listing]:
+                        want_oids: bool = True, cache_keys: StatKeys | None = None) -> Callable[[], Listing]:
         # No stat cache: a folder is listed in full, hashed, each time.
         wait = super().request_listing(None, 0, want_oids)
 

@@ -17,7 +17,7 @@ from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
-from snapver.ops.pull import list_live, stat_cache_path
+from snapver.ops.pull import list_live, stat_cache_path, stat_keys_path
 from snapver.store.repo import Store
 from snapver.transport.connect import open_transport
 
@@ -93,3 +93,47 @@ def test_an_unchanged_repull_keeps_the_cache_and_still_sees_the_next_edit(pulled
     assert cache_file.read_bytes() != kept
     assert json.loads(cache_file.read_text())["entries"]["sglang/srt/m4.py"][5] != json.loads(kept)["entries"][
         "sglang/srt/m4.py"][5]
+
+
+@pytest.fixture
+def ssh_pulled(sshd, make_site_packages, ssh_node, tmp_path: Path):
+    """A node over SSH (only there is a stat cache used), pulled once with trusted stats."""
+    site = make_site_packages("ct200", files=FILES)
+    time.sleep(2.2)  # older than the racy window, so the pull's stats can be trusted
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")},
+                                  "nodes": {"ct200": ssh_node("ct200", site)}}))
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    return config, Store(load_config(str(config)).store_path)
+
+
+def test_stat_keys_of_another_cache_are_not_trusted_with_it(ssh_pulled) -> None:
+    """The stat keys file is sent as it is; the cache read while the node lists must be the
+    one written with it. One from elsewhere (a pull stopped between the two writes,
+    another snapver) is not used: the node hashes everything and the truth is seen."""
+    config, store = ssh_pulled
+    assert stat_keys_path(store, "ct200").is_file()
+    cache_file = stat_cache_path(store, "ct200")
+    cache = json.loads(cache_file.read_text())
+    cache["entries"]["sglang/srt/m3.py"][5] = "0" * 40  # a wrong id, in a cache of another time
+    cache["now_ns"] -= 1
+    cache_file.write_text(json.dumps(cache))
+    result = run_inproc("--config", config, "diff", "-q", "ct200")
+    assert result.code == 0, result
+    cache_file.unlink()  # the keys left alone, without their cache
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out, result
+
+
+def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) -> None:
+    """A cache an older snapver wrote has no keys file; an unchanged re-pull (which leaves
+    the cache as it is) writes its keys, with the cache's own time."""
+    config, store = ssh_pulled
+    keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
+    written = keys_file.read_bytes()
+    keys_file.unlink()
+    kept = cache_file.read_bytes()
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out, result
+    assert cache_file.read_bytes() == kept
+    assert keys_file.read_bytes() == written
