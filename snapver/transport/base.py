@@ -302,6 +302,10 @@ class Transport(ABC):
         """
         args.setdefault("site_packages", self.spec.site_packages)
         self._send({"op": op, **args})
+        return self._awaiting_reply()
+
+    def _awaiting_reply(self) -> Callable[[], dict[str, Any]]:
+        """Count the request just sent as unanswered; the function that waits for its reply."""
         self._unanswered += 1
 
         def reply() -> dict[str, Any]:
@@ -316,14 +320,7 @@ class Transport(ABC):
         args.setdefault("site_packages", self.spec.site_packages)
         head = json.dumps({"op": op, **args}, ensure_ascii=True, separators=(",", ":"))
         self._send_data(f'{head[:-1]},"cache":{cache_text}}}'.encode("ascii"))
-        self._unanswered += 1
-
-        def reply() -> dict[str, Any]:
-            if self._hello_pending:
-                self.info  # noqa: B018 - the hello reply comes first
-            return self._reply()
-
-        return reply
+        return self._awaiting_reply()
 
     def _reply(self) -> dict[str, Any]:
         self._unanswered -= 1
