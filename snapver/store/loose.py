@@ -33,35 +33,37 @@ class Digest(Protocol):
     def update(self, data: bytes | memoryview, /) -> object: ...
 
 
-class LooseBlob:
-    """One blob of a size known up front, written piece by piece as a loose object.
+class StoredBlobFile:
+    """A file holding one blob of a size known up front as a zlib stream of stored deflate
+    blocks, written piece by piece as it arrives, its git blob id hashed in the same pass.
 
-    ``write`` each piece, then ``close`` (which returns the blob id); ``place`` puts it
-    into the store, ``abort`` removes it. Content that turns out longer or shorter than
-    ``size`` is refused (ValueError): the object would not be the one its id names.
+    The base of the two containers a big blob is written into: a loose object
+    (``LooseBlob``) and a pack holding only it (``blobpack.BlobPack``). ``stream_head``:
+    bytes the zlib stream holds before the content (a loose object's ``blob N\\0``).
+    Subclasses write what precedes the stream, then ``_emit`` its start; ``_account`` sees
+    every byte written and ``_after_stream`` writes what follows the stream.
+    Content that turns out longer or shorter than ``size`` is refused (ValueError): the
+    object would not be the one its id names.
     """
 
-    def __init__(self, objects_dir: Path, size: int) -> None:
-        self.objects_dir = objects_dir
-        pack_dir = objects_dir / "pack"
-        pack_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = pack_dir / f"{TEMP_PREFIX}{os.getpid()}_loose_{id(self):x}"
+    def __init__(self, tmp_path: Path, size: int, stream_head: bytes = b"") -> None:
+        self.tmp_path = tmp_path
         self.size = size
         self.oid: str | None = None
-        self._fd: int | None = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._fd: int | None = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self._written = 0  # bytes of the file
         self._written_back = 0
-        header = b"blob %d\0" % size
-        self._sha1 = hashlib.sha1(header, usedforsecurity=False)
-        self._adler = zlib.adler32(header)
-        self._left = len(header) + size  # bytes of the zlib stream's content still to come
+        self._sha1 = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
+        self._adler = zlib.adler32(stream_head)
+        self._left = len(stream_head) + size  # bytes of the zlib stream's content still to come
         self._block_left = 0  # of the current stored block
-        self._emit([ZLIB_HEADER], header)
 
     def write(self, piece: bytes | memoryview) -> None:
         """Append the next piece of the content (hashed, then written)."""
         if len(piece) > self._left:
             raise ValueError(f"more content than the {self.size} bytes announced")
+        if not piece:
+            return
         self._sha1.update(piece)
         self._adler = zlib.adler32(piece, self._adler)
         self._emit([], piece)
@@ -69,6 +71,9 @@ class LooseBlob:
     def _emit(self, parts: list[bytes | memoryview], data: bytes | memoryview) -> None:
         """Write ``parts`` then ``data`` cut into stored blocks (5-byte headers between), in one writev."""
         view = memoryview(data).cast("B")
+        if not self._left and not self._block_left and not view:
+            # Empty content: one empty final block (what zlib.compress(b"", 0) holds).
+            parts.append(struct.pack("<BHH", 1, 0, 0xFFFF))
         while view:
             if not self._block_left:
                 length = min(STORED_BLOCK, self._left)
@@ -81,8 +86,15 @@ class LooseBlob:
             self._left -= taken
         self._write_all(parts)
 
+    def _account(self, parts: list[bytes | memoryview]) -> None:
+        """See the bytes about to be written (a pack hashes them for its index and trailer)."""
+
+    def _after_stream(self) -> None:
+        """Write what follows the zlib stream (a pack's checksum)."""
+
     def _write_all(self, parts: list[bytes | memoryview]) -> None:
         assert self._fd is not None
+        self._account(parts)
         total = sum(len(part) for part in parts)
         done = os.writev(self._fd, parts)
         if done < total:  # a short write (rare on a file): write the rest plainly
@@ -95,11 +107,12 @@ class LooseBlob:
             self._written_back = self._written
 
     def close(self) -> str:
-        """End the zlib stream, make the file durable; returns the blob id."""
+        """End the zlib stream (and what follows it), make the file durable; returns the blob id."""
         if self._left:
             raise ValueError(f"{self._left} bytes fewer than the {self.size} announced")
         assert self._fd is not None
         self._write_all([struct.pack(">I", self._adler)])
+        self._after_stream()
         os.fchmod(self._fd, _read_only_mode())
         os.fsync(self._fd)
         os.close(self._fd)
@@ -109,14 +122,8 @@ class LooseBlob:
 
     @property
     def bytes_written(self) -> int:
+        """Bytes of the file written so far."""
         return self._written
-
-    def place(self) -> None:
-        """Give the closed object its name in the store (it may be there already: same content)."""
-        assert self.oid is not None
-        folder = self.objects_dir / self.oid[:2]
-        folder.mkdir(exist_ok=True)
-        os.replace(self.tmp_path, folder / self.oid[2:])
 
     def abort(self) -> None:
         """Remove the temporary file (nothing was placed)."""
@@ -124,6 +131,26 @@ class LooseBlob:
             os.close(self._fd)
             self._fd = None
         self.tmp_path.unlink(missing_ok=True)
+
+
+class LooseBlob(StoredBlobFile):
+    """One big blob written as a loose object: ``write`` each piece, then ``close`` (which
+    returns the blob id); ``place`` puts it into the store, ``abort`` removes it."""
+
+    def __init__(self, objects_dir: Path, size: int) -> None:
+        self.objects_dir = objects_dir
+        pack_dir = objects_dir / "pack"
+        pack_dir.mkdir(parents=True, exist_ok=True)
+        header = b"blob %d\0" % size
+        super().__init__(pack_dir / f"{TEMP_PREFIX}{os.getpid()}_loose_{id(self):x}", size, header)
+        self._emit([ZLIB_HEADER], header)
+
+    def place(self) -> None:
+        """Give the closed object its name in the store (it may be there already: same content)."""
+        assert self.oid is not None
+        folder = self.objects_dir / self.oid[:2]
+        folder.mkdir(exist_ok=True)
+        os.replace(self.tmp_path, folder / self.oid[2:])
 
 
 # Pieces handed from the receiving thread to the hashing one, at most: each holds ~1 MiB

@@ -9,6 +9,7 @@ from pathlib import Path
 import blake3
 import pytest
 
+from snapver.store.blobpack import BlobPack
 from snapver.store.loose import write_loose_blob
 
 
@@ -66,3 +67,21 @@ def test_a_failing_stream_leaves_nothing(repo: Path) -> None:
     with pytest.raises(ConnectionError):
         write_loose_blob(repo / "objects", 8, pieces())
     assert not list((repo / "objects" / "pack").iterdir())
+
+
+# A pack's stream holds the content alone: its blocks end at 65,535 bytes of content.
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 65535 * 2 + 1, 3 * (1 << 20) + 5])
+def test_a_blob_written_in_pieces_as_a_pack_of_its_own_is_the_object_git_names(repo: Path, size: int) -> None:
+    """blobpack.BlobPack (the compaction's rewrite of a big loose blob) shares the loose writer's stream."""
+    data = os.urandom(size)
+    blob = BlobPack(repo / "objects", size)
+    for piece in cut(data, [1, 70000, 65535, 1 << 20, 3]):
+        blob.write(piece)
+    oid = blob.close()
+    assert oid == git(repo, "hash-object", "--stdin", input=data).decode().strip()
+    assert not list((repo / "objects" / "pack").glob("*.idx"))  # nothing visible before it is placed
+    blob.place()
+    assert git(repo, "cat-file", "blob", oid) == data
+    git(repo, "fsck", "--full", "--strict")
+    (index,) = (repo / "objects" / "pack").glob("*.idx")
+    git(repo, "verify-pack", str(index))
