@@ -22,4 +22,7 @@ for tool in /usr/sbin/sshd ssh ssh-keygen rsync git zstd python3; do
 done
 
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[test]'
-exec python3 -m pytest -q "$@"
+# Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
+# sshd, git and node agents, and these machines have two cores (10 min -> 6.5 min).
+# A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.
+exec python3 -m pytest -q -n 2 --dist loadfile "$@"

@@ -37,7 +37,7 @@ from snapver.errors import Cancelled, ConflictError, RemotePathError, SnapverErr
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
-from snapver.store.team import TeamView, writer_of
+from snapver.store.team import TeamView, moment_ns, writer_of
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
@@ -537,7 +537,8 @@ def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> d
             node = row["node"]
             meta = {**record.meta, **record.per_node.get(node, {}), **{k: v for k, v in row.items() if k != "tree"},
                     "v": 1, "kind": "push", "writer": writer,
-                    "action": record.action, "push_id": record.push_id, "time": now.isoformat(timespec="seconds")}
+                    "action": record.action, "push_id": record.push_id, "time": now.isoformat(timespec="seconds"),
+                    "time_ns": moment_ns(now)}
             manifest = store.manifest(row["tree"]) if row.get("tree") else Manifest()
             subject = f"{record.subject} on {node}: {row['state']}"
             marks[node] = importer.commit(refs.push_ref(node), store.ref(refs.push_ref(node)), manifest,

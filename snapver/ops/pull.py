@@ -29,7 +29,7 @@ from snapver.ops.pristine import RECORD_PATH, record_file
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
-from snapver.store.team import writer_of
+from snapver.store.team import moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import open_transport
 
@@ -471,7 +471,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
         "v": 1, "kind": "snapshot", "node": spec.name, "host": spec.address,
         "writer": writer_of(store),
         "site_packages": info.site_packages, "hostname": info.hostname, "python": info.python_version,
-        "time": now.isoformat(timespec="seconds"), "paths": list(spec.paths),
+        "time": now.isoformat(timespec="seconds"), "time_ns": moment_ns(now), "paths": list(spec.paths),
         "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
         "changed": result.changed, "bytes": manifest.total_size(), **(event or {"event": "pull"}),
     }

@@ -20,6 +20,7 @@ import getpass
 import re
 import socket
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from snapver.errors import GitTimeoutError, RefError, RemoteError
@@ -36,6 +37,21 @@ GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GC
 # How a store that has never synced names its own writer in a TeamView (no other is there).
 LOCAL_WRITER = "(this store)"
 _TEAM_SHORT = refs.TEAM[len("refs/"):]  # "remotes/team/", as Store.refs("refs/") names them
+
+
+def moment_ns(when: datetime) -> int:
+    """A record's time to the microsecond, in nanoseconds (its meta's ``time_ns``)."""
+    return round(when.timestamp() * 1_000_000) * 1000
+
+
+def commit_moment(commit: Commit) -> int:
+    """When a commit was recorded: its meta's ``time_ns``, else its commit time (whole
+    seconds: git's). Two writers' records of one node in the same second (a rollback
+    right after the push it undoes) are ordered by it, not by writer id."""
+    stamp = commit.meta.get("time_ns")
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        return stamp
+    return int(commit.time.timestamp()) * 1_000_000_000
 
 
 def default_writer() -> str:
@@ -155,7 +171,7 @@ class TeamView:
     def merged(self, prefix: str) -> dict[str, str]:
         """``{name: commit}`` below a local prefix, one value per name across writers.
 
-        Nodes and push records: the newest tip (by time; ties by writer). Patches: the
+        Nodes and push records: the newest tip (by ``commit_moment``; ties by writer). Patches: the
         version that contains every other, else the newest. Tags: see ``tags``. Imports
         and deleted patches: the union.
         """
@@ -176,12 +192,12 @@ class TeamView:
         return found
 
     def newest(self, by_writer: dict[str, str]) -> str:
-        """The newest of several writers' commits (by commit time, then writer id)."""
+        """The newest of several writers' commits (by ``commit_moment``, then writer id)."""
         distinct = set(by_writer.values())
         if len(distinct) == 1:
             return next(iter(distinct))
         self._load_times(list(distinct))
-        return max(by_writer.items(), key=lambda item: (self._times[item[1]].time, item[0]))[1]
+        return max(by_writer.items(), key=lambda item: (commit_moment(self._times[item[1]]), item[0]))[1]
 
     def commit(self, commit: str) -> Commit:
         """One commit (read once per view)."""

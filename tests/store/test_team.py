@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,6 +74,25 @@ def own_head(config: Path, node: str) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
+def git_rev(config: Path, ref: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(config.parent / "snapshots"), "rev-parse", ref],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def same_second_as(config: Path, ref: str, other: str) -> None:
+    """Rewrite the commit at ``ref`` in that engineer's store with the commit times of
+    ``other`` (tree, parents, message unchanged), and move ``ref`` to it."""
+    git = ["git", "--git-dir", str(config.parent / "snapshots")]
+    stamp = subprocess.run([*git, "show", "-s", "--format=%ct", other], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    raw = subprocess.run([*git, "cat-file", "commit", ref], check=True, capture_output=True).stdout
+    head, _, message = raw.partition(b"\n\n")
+    head = re.sub(rb"^((?:author|committer) .*> )\d+", lambda m: m.group(1) + stamp.encode(), head, flags=re.M)
+    commit = subprocess.run([*git, "hash-object", "-t", "commit", "-w", "--stdin"], input=head + b"\n\n" + message,
+                            check=True, capture_output=True).stdout.decode().strip()
+    subprocess.run([*git, "update-ref", ref, commit], check=True)
+
+
 def remote_refs(remote: Path) -> dict[str, str]:
     out = subprocess.run(["git", "--git-dir", str(remote), "for-each-ref", "--format=%(refname) %(objectname)"],
                          check=True, capture_output=True, text=True).stdout
@@ -131,13 +149,16 @@ def test_two_engineers_share_the_fleet_through_a_path_remote(tmp_path: Path, two
     status = snap(alice, "status", "ct129")
     assert "patch dflash (pushed by bob@lab" in status.out, status
     # Alice rolls ct129 back (the ledger is everyone's: the push to undo was bob's).
-    # Known limit: two writers' records of one node within the same second are ordered by
-    # writer id (commit times have whole seconds), so a rollback in the second of the push
-    # it undoes can read as older; a second later it cannot (seen failing 1 run in 3).
-    time.sleep(1.1)
     ok(alice, "rollback", "ct129", "--yes")
-    assert (Path(two_nodes["ct129"]["site_packages"]) / f"{SRT}/speculative/dflash_worker.py").read_text() \
-        == FILES[f"{SRT}/speculative/dflash_worker.py"]
+    original = FILES[f"{SRT}/speculative/dflash_worker.py"]
+    assert (Path(two_nodes["ct129"]["site_packages"]) / f"{SRT}/speculative/dflash_worker.py").read_text() == original
+    # Her records (the rollback's, and the snapshot after it) read as newer than bob's push
+    # even within the same second: git's commit times have whole seconds, and "bob@lab" >
+    # "alice@lab" broke such ties. Made certain here: her two commits get the second of bob's.
+    for ref in ("refs/heads/pushes/ct129", "refs/heads/nodes/ct129"):
+        same_second_as(alice, ref, git_rev(bob, ref))
+    assert "rolled back" in snap(alice, "status", "ct129").out
+    assert ok(alice, "show", "ct129@latest", f"{SRT}/speculative/dflash_worker.py").out == original
 
     # Both sync at the same moment, from two processes; then each again, in the other order.
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
