@@ -19,8 +19,9 @@ Every first pull and first copy goes into a folder never used before (ext4 creat
 files slowly for minutes after mass deletions, which would skew the copy that follows
 a delete); they are all deleted at the end. Peak memory: the client's is GNU
 ``/usr/bin/time -f %M`` (the command and the children it waited for); the node agent's
-is its VmHWM in ``/proc`` (it runs on this machine), polled every 20 ms while the
-command runs. Then, once, untimed against the rivals: the store's compaction
+is its VmHWM in ``/proc`` (it runs on this machine), polled every 20 ms in one extra,
+untimed run per scenario (the poller's CPU would otherwise weigh on snapver's timed runs
+only). Then, once, untimed against the rivals: the store's compaction
 (``python -m snapver.store.gc``, the background repack a pull starts) with its wall
 time and peak memory, and the store's size after it against a plain ``git add -A`` +
 ``git commit`` + ``git gc`` of the same tree.
@@ -138,9 +139,13 @@ def _agent_pids() -> list[int]:
 
 
 @contextmanager
-def agent_peak() -> Iterator[dict[str, int]]:
-    """Poll every agent's VmHWM while the body runs; ``result["kib"]``: the largest seen."""
+def agent_peak(poll: bool = True) -> Iterator[dict[str, int]]:
+    """Poll every agent's VmHWM while the body runs; ``result["kib"]``: the largest seen
+    (0 when not ``poll``)."""
     result = {"kib": 0}
+    if not poll:
+        yield result
+        return
     stop = threading.Event()
 
     def poll() -> None:
@@ -178,6 +183,9 @@ class BigTree:
         self.bytes = sum(p.lstat().st_size for p in files)
         self.changes = 0
         self.synced: dict[str, Path] = {}  # the re-pull's project and rsync copy, reused by the diff
+        # Poll the agent's memory only in an extra, untimed run per scenario: the poller scans
+        # /proc every 20 ms, CPU the rival's timed runs would not share on two cores.
+        self.poll_agent = False
 
     def project(self, name: str) -> Path:
         """A project folder whose ``.snapver`` tracks ``torch`` on the node; store ``snapshots``."""
@@ -189,7 +197,7 @@ class BigTree:
     def snapver(self, case: str, project: Path, *args: str, codes: tuple[int, ...] = (0,)) -> bytes:
         """Run snapver (auto compaction off, as in suite.py) with client and agent peaks recorded."""
         env = {**self.env.env(), "SNAPVER_AUTO_GC": "0"}
-        with agent_peak() as agent:
+        with agent_peak(self.poll_agent) as agent:
             done, client_kib = run_measured([sys.executable, "-m", "snapver", *args], check=False,
                                             cwd=project, env=env)
         if done.returncode not in codes:
@@ -239,7 +247,11 @@ def first_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
     def rsync(_round: int) -> None:
         bench.rsync("first pull: rsync -a", "-a", bench.remote_tree(), f"{current['copy']}/")
 
-    return interleave([Case("snapver", pull, fresh_project), Case("rsync -a", rsync, fresh_copy)], runs)
+    timings = interleave([Case("snapver", pull, fresh_project), Case("rsync -a", rsync, fresh_copy)], runs)
+    with polled(bench):
+        fresh_project(0)
+        pull(0)
+    return timings
 
 
 def re_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
@@ -258,6 +270,8 @@ def re_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
                                                               f"{copy}/")), [])
 
     timings = interleave([Case("snapver", pull), Case("rsync -a", rsync)], runs)
+    with polled(bench):
+        pull(0)
     bench.synced.update(project=project, copy=copy)
     return timings
 
@@ -276,7 +290,20 @@ def diff(bench: BigTree, runs: int) -> dict[str, list[float]]:
         _expect("rsync -anc -i found", _itemized(bench.rsync("diff: rsync -anc -i", "-anc", "-i",
                                                              bench.remote_tree(), f"{copy}/")), wanted)
 
-    return interleave([Case("snapver", snapver_diff), Case("rsync -anc -i", rsync)], runs)
+    timings = interleave([Case("snapver", snapver_diff), Case("rsync -anc -i", rsync)], runs)
+    with polled(bench):
+        snapver_diff(0)
+    return timings
+
+
+@contextmanager
+def polled(bench: BigTree) -> Iterator[None]:
+    """One more (untimed) run of a scenario with the agent's memory polled."""
+    bench.poll_agent = True
+    try:
+        yield
+    finally:
+        bench.poll_agent = False
 
 
 def store_sizes(bench: BigTree) -> dict[str, Any]:

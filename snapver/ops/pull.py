@@ -237,7 +237,8 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
 
                 list(pool.map(list_node, specs, results))
                 live = [r for r in results if r.ok]
-                others = [r for r in live if first is None or r.node != first.node]
+                # A node that found every file as its last snapshot's cache says has nothing to fetch.
+                others = [r for r in live if (first is None or r.node != first.node) and not _as_last_time(r)]
                 assignments = _assign_fetches(store, others, importer)
                 if on_plan:
                     sent = [r for r in live if first is not None and r.node == first.node]
@@ -248,7 +249,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
                 live = [r for r in live if r.ok]
                 list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
-                                               on_progress), live))
+                                               on_progress), [r for r in live if not _as_last_time(r)]))
                 marks = {}
                 manifests: SharedManifests = {}
                 for result in (r for r in live if r.ok):
@@ -287,6 +288,15 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
             if on_node_done:
                 on_node_done(result)
     return PullResult(results)
+
+
+def _as_last_time(result: NodePull) -> bool:
+    """True when the node listed exactly its last snapshot: the stat cache it was given
+    belongs to that snapshot (``load_stat_keys``/``load_stat_cache`` check its commit) and
+    the node found every cached file unchanged, and nothing else (no file, link or special
+    file the cache does not hold, none gone): no blob to look for, no tree to compare."""
+    return (result.listing is not None and result.listing.as_cached and result.parent is not None
+            and result.parent_manifest is not None and len(result.parent_manifest) == len(result.listing.entries))
 
 
 class _First:
@@ -452,7 +462,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     previous = result.parent_manifest
     result.files = len(result.listing.entries)
     result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent
-    if previous is not None and same_tree(previous, result.listing.entries):
+    if previous is not None and (_as_last_time(result) or same_tree(previous, result.listing.entries)):
         result.unchanged_since = result.parent
         return None
     key = tuple([(e.path, e.kind, e.mode, e.size, e.oid) for e in result.listing.entries])
