@@ -46,6 +46,7 @@ class StatKeys:
 
     text: str
     read_cache: Callable[[], dict[str, StatEntry] | None]
+    files: int | None = None  # how many files the keys name (None: not recorded with them)
 
 
 class FileChanged(Exception):
@@ -112,6 +113,9 @@ class Listing:
     # A listing against a cache in which the node found every cached file unchanged
     # and nothing else: the cache still holds (its rows, its time) as it was.
     as_cached: bool = False
+    # ``as_cached`` with the cache's rows left unread (``rows_if_unchanged=False``):
+    # ``entries`` is empty, the tree is the cache's, these many files.
+    rows_omitted: int = 0
 
     def by_path(self) -> dict[str, StatEntry]:
         return {entry.path: entry for entry in self.entries}
@@ -418,12 +422,16 @@ class Transport(ABC):
         return self.request_listing(cache, cache_time_ns, want_oids)()
 
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
-                        want_oids: bool = True, cache_keys: StatKeys | None = None) -> Callable[[], Listing]:
+                        want_oids: bool = True, cache_keys: StatKeys | None = None,
+                        rows_if_unchanged: bool = True) -> Callable[[], Listing]:
         """``list_tree`` in two steps: ask now, and get a function that waits for the listing.
 
         ``cache_keys``: the cache's stat keys already encoded, sent as they are, with a
         function reading the cache itself, called only once the request is sent (so the
-        caller parses it while the node lists); used instead of ``cache``.
+        caller parses it while the node lists); used instead of ``cache``. Without
+        ``rows_if_unchanged``, the cache is read only once the reply says some file
+        differs: a node that found every file unchanged gives a listing whose rows are
+        left unread (``Listing.rows_omitted``; a pull needs none of them then).
         """
         if cache_keys is not None:
             # delta: the node sends only the rows of files whose stat differs from the cache
@@ -433,8 +441,15 @@ class Transport(ABC):
                                       oids=want_oids, delta=True)
 
             def merged() -> Listing:
-                files = cache_keys.read_cache()
-                answer = reply()
+                if rows_if_unchanged:
+                    files = cache_keys.read_cache()
+                    answer = reply()
+                else:
+                    answer = reply()
+                    unchanged = _all_unchanged(answer, cache_keys.files)
+                    if unchanged is not None:
+                        return unchanged
+                    files = cache_keys.read_cache()
                 if files is None:  # the cache the keys came from is gone: list again, hashing all
                     return self.request_listing(None, 0, want_oids)()
                 return self._checked_listing(answer, {p: e for p, e in files.items() if e.kind == FILE})
@@ -594,6 +609,17 @@ class Transport(ABC):
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""
         return self.call("hash", paths=paths, algo=algo)["hashes"]
+
+
+def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:
+    """The listing of a delta reply that found every one of the cache's ``files`` files
+    unchanged and nothing else (no row sent, none gone), its rows unread; else None."""
+    try:
+        if files and reply["entries"] == [] and reply["gone"] == [] and reply["same"] == files:
+            return Listing(int(reply["now_ns"]), [], int(reply["hashed"]), as_cached=True, rows_omitted=files)
+    except (KeyError, TypeError, ValueError):
+        pass  # malformed: the full check says so
+    return None
 
 
 def _text(value: Any) -> str:

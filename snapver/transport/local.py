@@ -70,7 +70,8 @@ class FolderTransport(LocalTransport):
         return self._rename(path, [(tracked, disk) for disk, tracked in self.roots])
 
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
-                        want_oids: bool = True, cache_keys: StatKeys | None = None) -> Callable[[], Listing]:
+                        want_oids: bool = True, cache_keys: StatKeys | None = None,
+                        rows_if_unchanged: bool = True) -> Callable[[], Listing]:
         # No stat cache: a folder is listed in full, hashed, each time.
         wait = super().request_listing(None, 0, want_oids)
 

@@ -137,3 +137,30 @@ def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) 
     assert result.code == 0 and "unchanged since" in result.out, result
     assert cache_file.read_bytes() == kept
     assert keys_file.read_bytes() == written
+
+
+@pytest.mark.parametrize("change", ["delete", "add", "chmod", "link"])
+def test_a_repull_against_stat_keys_records_what_no_cached_row_shows(ssh_pulled, change: str) -> None:
+    """A re-pull whose node found every cached file unchanged reads neither the cache's rows
+    nor the last manifest, so it must know that nothing else changed either: a file gone,
+    a new file or link (no row in the cache), a mode changed — each is a new snapshot."""
+    config, store = ssh_pulled
+    site = Path(load_config(str(config)).node("ct200").site_packages)
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out and "20 files" in result.out, result
+    srt = site / "sglang/srt"
+    if change == "delete":
+        (srt / "m3.py").unlink()
+    elif change == "add":
+        (srt / "new.py").write_text("added = 1\n")
+    elif change == "chmod":
+        (srt / "m5.py").chmod(0o755)
+    else:
+        (srt / "alias.py").symlink_to("m1.py")
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "snapshot" in result.out and "1 changed" in result.out, result
+    show = run_inproc("--config", config, "diff", "--name-status", "ct200@latest~1", "ct200@latest")
+    wanted = {"delete": "D\tsglang/srt/m3.py", "add": "A\tsglang/srt/new.py",
+              "chmod": "T\tsglang/srt/m5.py",  # T: type or mode changed
+              "link": "A\tsglang/srt/alias.py"}[change]
+    assert show.out.strip() == wanted, show
