@@ -224,6 +224,15 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     empty = not store.refs("refs/heads/")
     hash_on_node = len(specs) > 1 or not empty
     first = _First() if empty and len(specs) > 1 else None
+    closed: set[str] = set()
+
+    def close_connections() -> None:
+        """Close our connections (once each). In parallel: a close may wait for its agent to
+        exit (a local one, or one still busy after an error); 16 such waits in a row were 0.26 s."""
+        owned = [r for r in results if r.transport is not None and r.node not in borrowed and r.node not in closed]
+        closed.update(r.node for r in owned)
+        list(pool.map(lambda r: r.transport.close(), owned))
+
     with ThreadPoolExecutor(workers) as pool:
         try:
             with store.importer() as importer:
@@ -261,16 +270,16 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                             marks[result.node] = mark
                     except SnapverError as exc:
                         result.error = exc
+                # Nothing more to ask the nodes: their buffers are freed before the store's
+                # write finishes (a 1 GB first pull's memory peaks there).
+                close_connections()
         except SnapverError as exc:
             for result in results:
                 if result.ok:
                     result.error = exc
             marks = {}
         finally:
-            # In parallel: a close may wait for its agent to exit (a local one, or one still
-            # busy after an error); 16 such waits in a row were 0.26 s.
-            list(pool.map(lambda t: t.close(), [r.transport for r in results
-                                                 if r.transport is not None and r.node not in borrowed]))
+            close_connections()
         for node, mark in marks.items():
             result = by_name[node]
             result.snapshot = importer.results[mark]

@@ -30,16 +30,17 @@ from snapver.transport.early import EarlyConnection
 # would print it on stderr. The failure itself is raised and reported as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-# The window covers a fast link's round trip (16 MiB: 1.3 Gbit/s at 100 ms) without
-# letting sshd queue the whole tree: a 64 MiB window had the node's sshd growing its
-# buffer to tens of MB (0.64 s of its CPU in a 16-node pull; 0.19 s at 16 MiB). Large
-# packets cut paramiko's per-packet Python cost (32 KiB: ~40 MB/s here, 256 KiB: ~150+).
-WINDOW_SIZE = 16 << 20
-# The most taken from the channel's buffer at once. All it holds (up to the window) was
-# cheaper per byte, but a 16 MiB bytes object per receive, beside the channel's own 16 MiB
-# and in another thread's malloc arena, put a 500 MB file's pull at ~150 MiB of memory
-# (~80 MiB at 4 MiB, for the same CPU time: the rest of the buffer moved to its front).
-RECV_AT_ONCE = 4 << 20
+# The window is what the node may send ahead of what we read: the client holds up to that
+# much. 4 MiB covers a round trip of 20 ms at 1.6 Gbit/s (100 ms: 320 Mbit/s), above what
+# paramiko decrypts in Python here (~150 MB/s); 16 MiB put a 1.14 GB first pull of torch at
+# ~130 MiB of client memory, 4 MiB (with RECV_AT_ONCE 1 MiB) at ~105, no slower on
+# loopback. (A 64 MiB window had the node's sshd growing its buffer to tens of MB.)
+# Large packets cut paramiko's per-packet Python cost (32 KiB: ~40 MB/s here, 256 KiB: ~150+).
+WINDOW_SIZE = 4 << 20
+# The most taken from the channel's buffer at once: a bytes object of this size per
+# receive, beside the channel's own buffer (16 MiB per receive put a 500 MB file's pull
+# at ~150 MiB of memory, 4 MiB at ~80; 1 MiB costs no more CPU than 4).
+RECV_AT_ONCE = 1 << 20
 MAX_PACKET = 256 << 10
 # AES-GCM first: one pass instead of AES-CTR plus a separate HMAC (~1.5x here).
 FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
