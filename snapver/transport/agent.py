@@ -215,6 +215,8 @@ def op_hello(channel, request):
         "python": sys.executable,
         "site_packages": site,
         "dists": find_dists(site, request.get("paths") or []),
+        # How this agent was loaded: "bytecode" (the client's, same magic) or "source".
+        "loaded": "bytecode" if globals().get("L") == 1 else "source",
     })
 
 

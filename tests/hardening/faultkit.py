@@ -290,6 +290,8 @@ AGENT_WRAPPER = '''#!{python}
 import re, sys, zlib
 code = sys.argv[sys.argv.index("-c") + 1]
 source = sys.stdin.buffer.read(int(re.search(r"read\\((\\d+)\\)", code).group(1)))
+bytecode = re.search(r"b=i\\.read\\((\\d+)\\)", code)  # the agent as bytecode, after its source: not used here
+sys.stdin.buffer.read(int(bytecode.group(1)) if bytecode else 0)
 source = (zlib.decompress(source) if "zlib.decompress" in code else source).decode()
 with open({payload!r}) as handle:
     payload = handle.read()
