@@ -15,6 +15,8 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cache
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -32,8 +34,6 @@ def _agent_bytecode() -> bytes:
     """The agent as this Python's bytecode: the body of the ``.pyc`` this process imported
     ``snapver.transport.agent`` from, checked against the source's mtime and size as the
     import system does; b"" without a fresh one (``PYTHONDONTWRITEBYTECODE``, -O...)."""
-    from importlib.util import MAGIC_NUMBER
-
     from snapver.transport import agent
 
     spec = agent.__spec__
@@ -53,13 +53,16 @@ def _agent_bytecode() -> bytes:
     return data[16:]
 
 
-# What the node is sent: the source compressed (67 kB -> ~20 kB), then the same code as this
-# Python's bytecode. A node whose Python has the same bytecode magic runs the bytecode:
-# compiling the source was ~16 ms of the node's CPU per connection, on every command; any
-# other node (or a bytecode part that does not load) compiles the source, as before.
-AGENT_PAYLOAD = zlib.compress(AGENT_SOURCE, 6)
-_BYTECODE = _agent_bytecode()
-AGENT_BYTECODE = zlib.compress(_BYTECODE, 1) if _BYTECODE else b""
+@cache
+def agent_payload() -> tuple[bytes, bytes]:
+    """What the node is sent: the source compressed (67 kB -> ~20 kB), then the same code as
+    this Python's bytecode (b"" without one). A node whose Python has the same bytecode
+    magic runs the bytecode: compiling the source was ~16 ms of the node's CPU per
+    connection, on every command; any other node (or a bytecode part that does not load)
+    compiles the source, as before. Made when a node is first started, not at import
+    (~3 ms that commands which never connect need not pay)."""
+    bytecode = _agent_bytecode()
+    return zlib.compress(AGENT_SOURCE, 6), zlib.compress(bytecode, 1) if bytecode else b""
 
 
 # A record of a file above the agent's BIG_FILE: its content in pieces (agent._stream_file).
@@ -175,7 +178,6 @@ def deployment_pythons(site_packages: str | None) -> list[str]:
 # agent (3.6 lacks time.time_ns, later ones may lack syntax it uses): it answers hello with
 # an error the client shows as it is, then drains stdin until the client hangs up, so that
 # the client's pipelined requests never meet a closed pipe. Kept valid on any Python 3.
-_MAGIC = __import__("importlib.util").util.MAGIC_NUMBER
 _BOOTSTRAP = """import sys,zlib
 if sys.version_info<({major},{minor}):
  import json,struct;i=sys.stdin.buffer;o=sys.stdout.buffer;i.read({size})
@@ -202,7 +204,8 @@ def agent_command(python: str | None, no_site: bool = False, site_packages: str 
     Without a configured ``python``: the interpreter that owns ``site_packages`` by its
     layout if there is one, else ``python3`` or ``python`` from PATH.
     """
-    code = _BOOTSTRAP.format(size=len(AGENT_PAYLOAD), code_size=len(AGENT_BYTECODE), magic=_MAGIC,
+    source, bytecode = agent_payload()
+    code = _BOOTSTRAP.format(size=len(source), code_size=len(bytecode), magic=MAGIC_NUMBER,
                              major=MIN_PYTHON[0], minor=MIN_PYTHON[1])
     flags = "-S -c" if no_site else "-c"
     if python:
@@ -270,7 +273,7 @@ class Transport(ABC):
                                                   site_packages=self.spec.site_packages))
         interrupt.register(self)
         try:
-            self._channel.stdin.write(AGENT_PAYLOAD + AGENT_BYTECODE)
+            self._channel.stdin.write(b"".join(agent_payload()))
         except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
         self._send({"op": "hello", "paths": list(self.spec.paths), "site_packages": self.spec.site_packages})

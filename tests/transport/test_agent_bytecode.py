@@ -38,15 +38,19 @@ def node_config(sshd, make_site_packages, ssh_node, tmp_path: Path) -> Path:
 
 
 def test_same_magic_runs_the_bytecode_and_anything_else_the_source(node_config: Path, monkeypatch) -> None:
-    code = compile(base.AGENT_SOURCE, "snapver-agent", "exec")
-    monkeypatch.setattr(base, "AGENT_BYTECODE", zlib.compress(marshal.dumps(code), 1))
+    source = zlib.compress(base.AGENT_SOURCE, 6)
+
+    def sending(bytecode: bytes) -> None:
+        monkeypatch.setattr(base, "agent_payload", lambda: (source, bytecode))
+
+    sending(zlib.compress(marshal.dumps(compile(base.AGENT_SOURCE, "snapver-agent", "exec")), 1))
     assert loaded_as(node_config) == "bytecode"
-    monkeypatch.setattr(base, "_MAGIC", b"\x00\x00\r\n")  # a node with another Python
+    monkeypatch.setattr(base, "MAGIC_NUMBER", b"\x00\x00\r\n")  # a node with another Python
     assert loaded_as(node_config) == "source"
     monkeypatch.undo()
-    monkeypatch.setattr(base, "AGENT_BYTECODE", zlib.compress(b"not marshal data", 1))
+    sending(zlib.compress(b"not marshal data", 1))
     assert loaded_as(node_config) == "source"
-    monkeypatch.setattr(base, "AGENT_BYTECODE", b"")  # no .pyc on the client
+    sending(b"")  # no .pyc on the client
     assert loaded_as(node_config) == "source"
 
 

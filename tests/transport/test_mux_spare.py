@@ -22,7 +22,7 @@ import pytest
 from helpers import git_blob, git_ls_tree
 
 from snapver.config import NodeSpec, load_config
-from snapver.transport.base import AGENT_PAYLOAD
+from snapver.transport.base import agent_payload
 from snapver.transport.mux import MuxTransport, spec_socket_path
 
 BOOTSTRAP = b"snapver-agent"  # in the command line of every agent process (base.agent_command)
@@ -243,7 +243,7 @@ def test_a_pull_gets_an_agent_started_before_it(node, tmp_path, run_snapver):
     assert len(served()) == 2
     pid, started_ns = served()[1]
     assert started_ns < asked, "the second pull's agent was started before the pull"
-    assert (log / f"{pid}.in").read_bytes().startswith(AGENT_PAYLOAD)
+    assert (log / f"{pid}.in").read_bytes().startswith(agent_payload()[0])
 
 
 def test_two_pulls_at_once_through_one_mux(node, tmp_path, run_snapver, write_config, ssh_node):
