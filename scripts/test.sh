@@ -23,6 +23,6 @@ done
 
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[test]'
 # Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
-# sshd, git and node agents, and these machines have two cores (10 min -> 6.5 min).
+# sshd, git and node agents, and these machines have two cores (10 min -> ~6 min).
 # A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.
 exec python3 -m pytest -q -n 2 --dist loadfile "$@"

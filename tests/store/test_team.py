@@ -70,8 +70,7 @@ def one_error(result: Result, code: int, *words: str) -> None:
 
 def own_head(config: Path, node: str) -> str:
     """The tip of the node's branch in that engineer's own store, read with git."""
-    return subprocess.run(["git", "--git-dir", str(config.parent / "snapshots"), "rev-parse", f"refs/heads/nodes/{node}"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return git_rev(config, f"refs/heads/nodes/{node}")
 
 
 def git_rev(config: Path, ref: str) -> str:
