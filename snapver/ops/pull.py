@@ -25,7 +25,7 @@ import blake3
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError, StoreError, TransportError
 from snapver.model import Entry, Manifest, StatEntry
-from snapver.ops.pristine import RECORD_PATH, record_file
+from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
 from snapver.store.repo import Importer, Store, blob_oid, format_message
@@ -63,6 +63,7 @@ class NodePull:
     prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
     cache_time: int = field(default=0, repr=False)  # of the stat cache the listing used
     keys_missing: bool = field(default=False, repr=False)  # that cache has no stat keys file yet
+    record: SnapshotRecord | None = field(default=None, repr=False)  # the RECORD rows of its new snapshot
     started: float = field(default=0.0, repr=False)
 
     @property
@@ -290,6 +291,8 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 # every file it trusts was trusted at that time, and is still unchanged).
                 if head and not (result.listing.as_cached and head == result.parent):
                     save_stat_cache(store, result.node, head, result.listing)
+                if result.snapshot and result.record is not None:
+                    save_record_source(store, result.node, result.snapshot, result.record.source)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     save_stat_keys(store, result.node, head, result.cache_time,
                                    {e.path: list(e.stat_key) for e in result.listing.entries if e.kind == "f"})
@@ -518,10 +521,12 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).
-    record = record_file(result.transport)
+    record = result.record = snapshot_record(store, result.transport, result.parent)
+    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent  # the RECORD's too
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now,
-                           extra_files={RECORD_PATH: record} if record is not None else None)
+                           extra_files={RECORD_PATH: record.data} if record and record.data is not None else None,
+                           stored_files={RECORD_PATH: record.oid} if record and record.oid else None)
 
 
 def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:

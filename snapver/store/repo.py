@@ -613,7 +613,8 @@ class Importer:
             self._pack = PackWriter(store.path / "objects")
         except OSError as exc:
             raise unwritable_store(store.path, exc) from exc
-        self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...]]] = []
+        self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...],
+                                  dict[str, str]]] = []
         self._loose: list[LooseBlob] = []  # large blobs, placed when the session finishes
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
@@ -670,14 +671,18 @@ class Importer:
         self._written.add(oid)
 
     def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
-               when: datetime, extra_files: dict[str, bytes] | None = None, also_parents: tuple[str, ...] = ()) -> int:
+               when: datetime, extra_files: dict[str, bytes] | None = None, also_parents: tuple[str, ...] = (),
+               stored_files: dict[str, str] | None = None) -> int:
         """Queue a commit on ``ref`` whose tree is exactly ``manifest`` (plus its text).
 
-        ``also_parents``: further parents after ``parent`` (a rebased patch keeps its
-        previous version reachable this way). Returns a mark; ``finish`` maps it to the commit id.
+        ``extra_files``: further files by content; ``stored_files``: by the id of a blob
+        the store has. ``also_parents``: further parents after ``parent`` (a rebased patch
+        keeps its previous version reachable this way). Returns a mark; ``finish`` maps
+        it to the commit id.
         """
         with self._lock:
-            self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {}), tuple(also_parents)))
+            self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {}), tuple(also_parents),
+                                  dict(stored_files or {})))
             return len(self._commits)
 
     def finish(self) -> dict[int, str]:
@@ -726,12 +731,17 @@ class Importer:
         roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
         serialized: dict[int, bytes] = {}  # by id(): identical nodes' commits share one Manifest
         moves: dict[str, tuple[str, str | None]] = {}
-        for mark, (ref, parent, manifest, message, when, files, also) in enumerate(self._commits, 1):
+        for mark, (ref, parent, manifest, message, when, files, also, stored) in enumerate(self._commits, 1):
             if id(manifest) not in serialized:
                 serialized[id(manifest)] = manifest.serialize()
             files = {**files, MANIFEST_PATH: serialized[id(manifest)]}
             extra = {path: blob_oid(data) for path, data in files.items()}
             objects.update((oid, (BLOB_TYPE, files[path])) for path, oid in extra.items())
+            for path, oid in stored.items():
+                if not is_git_id(oid) or path in extra:
+                    raise StoreError(f"cannot record {ref}: {path} given as {oid!r}")
+                extra[path] = oid
+                needed.add(oid)
             key = tuple(sorted(extra.items()))  # the manifest's blob id names every entry
             root = roots.get(key)
             if root is None:
