@@ -233,9 +233,8 @@ def read_records(transport: Transport) -> tuple[dict[str, RecordEntry], list[Dis
         if kind is None:
             continue
         found = found or path not in leftover_names
-        for entry in parse_record(data):
-            if is_tracked(entry.path, spec.paths, spec.exclude):
-                (leftover_record if path in leftover_names else record)[entry.path] = entry
+        for entry in parse_record(data, tracked_filter(tuple(spec.paths), tuple(spec.exclude))):
+            (leftover_record if path in leftover_names else record)[entry.path] = entry
     if not found:
         raise RemotePathError(f"{spec.name}: {', '.join(d.dist_info for d in dists)} has no RECORD file")
     return record, dists, leftovers, leftover_record
@@ -290,23 +289,29 @@ def tracked_record(data: bytes, tracked: tuple[str, ...], exclude: tuple[str, ..
     with _parsed_lock:
         found = _parsed.get(key)
         if found is None:
-            found = {entry.path: entry for entry in parse_record(data) if is_tracked(entry.path, tracked, exclude)}
+            keep = tracked_filter(tuple(tracked), tuple(exclude))
+            found = {entry.path: entry for entry in parse_record(data, keep)}
             if len(_parsed) >= 8:
                 _parsed.clear()
             _parsed[key] = found
     return found
 
 
-def parse_record(data: bytes) -> list[RecordEntry]:
-    """RECORD (CSV: path, ``algo=urlsafe-base64``, size) → entries with hex digests."""
+def parse_record(data: bytes, keep: Callable[[str], bool] | None = None) -> list[RecordEntry]:
+    """RECORD (CSV: path, ``algo=urlsafe-base64``, size) → entries with hex digests; only
+    the rows whose path ``keep`` accepts (decoding a digest costs more than the test)."""
     entries = []
     text = data.decode("utf-8", "surrogateescape")
     for row in csv.reader(io.StringIO(text)):
         if not row or not row[0]:
             continue
-        path = posixpath.normpath(row[0])
-        if not is_safe_relpath(path):
-            continue  # e.g. ../../bin/sglang: outside site-packages, never tracked
+        path = row[0]
+        if not is_safe_relpath(path):  # a safe path is already normal: normpath only the others
+            path = posixpath.normpath(path)
+            if not is_safe_relpath(path):
+                continue  # e.g. ../../bin/sglang: outside site-packages, never tracked
+        if keep is not None and not keep(path):
+            continue
         algo = digest = None
         if len(row) > 1 and "=" in row[1]:
             algo, _, encoded = row[1].partition("=")
@@ -324,18 +329,34 @@ _exclusion = functools.lru_cache(maxsize=8)(agent.exclusion)  # patterns compile
 
 def is_tracked(path: str, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
     """True when ``path`` lies under a tracked path and no exclude pattern drops it (as the agent walks)."""
-    for root in tracked:
-        if not path.startswith(root + "/"):
-            continue
-        parts = path.split("/")
-        depth = len(root.split("/"))
-        excluded = _exclusion(exclude)
-        for index in range(depth, len(parts)):
-            is_dir = index < len(parts) - 1
-            if excluded(parts[index], "/".join(parts[:index + 1]), is_dir):
-                return False
-        return True
-    return False
+    return tracked_filter(tuple(tracked), tuple(exclude))(path)
+
+
+@functools.lru_cache(maxsize=8)
+def tracked_filter(tracked: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[[str], bool]:
+    """``is_tracked`` for one config, remembering each folder's answer (a RECORD lists a
+    folder's files together: its folders' patterns are matched once, not once a file)."""
+    excluded = _exclusion(exclude)
+    folders: dict[tuple[int, str], bool] = {}  # (depth of the root, folder) -> excluded?
+
+    def folder_excluded(depth: int, folder: str) -> bool:
+        answer = folders.get((depth, folder))
+        if answer is None:
+            parts = folder.split("/")
+            answer = folders[(depth, folder)] = any(
+                excluded(parts[index], "/".join(parts[:index + 1]), True) for index in range(depth, len(parts)))
+        return answer
+
+    def keep(path: str) -> bool:
+        for root in tracked:
+            if not path.startswith(root + "/"):
+                continue
+            depth = root.count("/") + 1
+            folder, _, name = path.rpartition("/")
+            return not folder_excluded(depth, folder) and not excluded(name, path, False)
+        return False
+
+    return keep
 
 
 def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[str, str | None]:
