@@ -55,15 +55,19 @@ def _source_of(store: Store, node: str, commit: str) -> dict[str, Any] | None:
         return None
 
 
-def snapshot_record(store: Store, transport: Transport, parent: str | None) -> SnapshotRecord | None:
+def snapshot_record(store: Store, transport: Transport, parent: str | None,
+                    made: dict[str, SnapshotRecord] | None = None) -> SnapshotRecord | None:
     """The node's RECORD rows for tracked paths, one ``algo hexdigest path`` line each,
     sorted; None when no installed distribution owns the tracked paths.
 
-    When the node's RECORD files hash as those the ``parent`` snapshot's rows were made
-    from (same tracked paths), that snapshot's rows are reused by id: a hot-fix's pull
-    does not move and parse the RECORD again (sglang's: 682 kB, ~50 ms of CPU). Rows made
-    afresh are described by the sha256 of the bytes parsed, not of an earlier answer: a
-    RECORD rewritten in between (pip at work) is never taken for the one parsed.
+    The node first says its RECORD files' sha256 (it hashes ~1 MB) when that can spare
+    reading them: rows another node of this pull sent from the same RECORDs (``made``, by
+    source: a fleet installed from one wheel moves one RECORD, not 16 x 682 kB), or the
+    rows of the ``parent`` snapshot, reused by id when made from the same RECORDs and
+    tracked paths (a hot-fix's pull neither moves nor parses the RECORD: ~50 ms of CPU
+    for sglang's). Rows made afresh are described by the sha256 of the bytes parsed, not
+    of an earlier answer: a RECORD rewritten in between (pip at work) is never taken for
+    the one parsed.
     """
     info, spec = transport.info, transport.spec
     assert info is not None
@@ -72,22 +76,40 @@ def snapshot_record(store: Store, transport: Transport, parent: str | None) -> S
         return None  # no dist-info (a source checkout, a folder): nothing to keep
     tracked = {"paths": list(spec.paths), "exclude": list(spec.exclude)}
     before = _source_of(store, spec.name, parent) if parent else None
-    if before is not None:
+    if before is not None or made is not None:
         try:
             digests = transport.hash_files(paths, "sha256")
         except SnapverError:
             digests = {}
         source = {"records": digests, **tracked}
-        if source == before and digests and all(digests.values()):
-            try:
-                oid = store.git("rev-parse", "--verify", "--quiet", f"{parent}:{RECORD_PATH}").decode().strip()
-            except SnapverError:
-                oid = ""
-            if is_git_id(oid):
-                store.note_present([oid])  # in the tree of a snapshot a ref names
-                return SnapshotRecord(source, oid=oid)
+        if digests and all(digests.values()):
+            if source == before:
+                try:
+                    oid = store.git("rev-parse", "--verify", "--quiet", f"{parent}:{RECORD_PATH}").decode().strip()
+                except SnapverError:
+                    oid = ""
+                if is_git_id(oid):
+                    store.note_present([oid])  # in the tree of a snapshot a ref names
+                    reused = SnapshotRecord(source, oid=oid)
+                    if made is not None:
+                        made[_key(source)] = reused
+                    return reused
+            if made is not None and _key(source) in made:
+                return made[_key(source)]
+    record = _read_record(transport, paths, tracked)
+    if made is not None and record is not None:
+        made[_key(record.source)] = record
+    return record
+
+
+def _key(source: dict[str, Any]) -> str:
+    return json.dumps(source, sort_keys=True)
+
+
+def _read_record(transport: Transport, paths: list[str], tracked: dict[str, Any]) -> SnapshotRecord | None:
     from snapver.ops.verify import tracked_record
 
+    spec = transport.spec
     rows: dict[str, Any] = {}
     digests = {}
     try:

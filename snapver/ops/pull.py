@@ -264,9 +264,10 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                                                on_progress), [r for r in live if not _as_last_time(r)]))
                 marks = {}
                 manifests: SharedManifests = {}
+                records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
                 for result in (r for r in live if r.ok):
                     try:
-                        mark = _record(store, importer, result, digests, message, manifests, event)
+                        mark = _record(store, importer, result, digests, message, manifests, event, records)
                         if mark is not None:
                             marks[result.node] = mark
                     except SnapverError as exc:
@@ -482,12 +483,14 @@ SharedManifests = dict[tuple[tuple[str, str, int, int, str | None], ...], Manife
 
 
 def _record(store: Store, importer: Importer, result: NodePull, digests: dict[str, str],
-            message: str, manifests: SharedManifests, event: dict[str, str] | None = None) -> int | None:
+            message: str, manifests: SharedManifests, event: dict[str, str] | None = None,
+            records: dict[str, SnapshotRecord] | None = None) -> int | None:
     """Build the node's manifest; write a snapshot commit unless nothing changed.
 
     ``manifests``: those built so far in this pull, by what they hold; a node whose
     listing holds the same paths, kinds, modes, sizes and blobs shares one (a fleet of
     identical nodes builds, and the store serializes, one manifest instead of 16).
+    ``records``: the RECORD rows made so far in this pull (None for a single node).
     """
     assert result.listing is not None and result.transport is not None
     previous = result.parent_manifest
@@ -521,7 +524,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).
-    record = result.record = snapshot_record(store, result.transport, result.parent)
+    record = result.record = snapshot_record(store, result.transport, result.parent, records)
     result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent  # the RECORD's too
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now,

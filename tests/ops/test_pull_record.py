@@ -85,3 +85,31 @@ def test_a_hot_fix_pull_reuses_the_record_rows_only_while_the_record_and_tracked
     assert narrowed["changed"] == 1  # m4.py is no longer tracked
     rows = _rows(store)
     assert f"{SRT}/m4.py" not in rows and f"{SRT}/m5.py" in rows
+
+
+def test_a_fleet_moves_one_record_per_content(make_site_packages, ssh_node, write_config, run_snapver,
+                                              tmp_path: Path) -> None:
+    """Nodes installed from one wheel: one sends its RECORD, the others only its sha256; a
+    node whose RECORD differs (same size) sends its own, and its rows are its own."""
+    shipped = {f"{SRT}/m{i}.py": f"value = {i}\n" for i in range(20)}
+    others = "".join(f"sglang/lang/pad{i:05}.py,sha256={_digest(str(i))},{i}\n" for i in range(3000))
+    record = "".join(f"{p},sha256={_digest(t)},{len(t)}\n" for p, t in shipped.items()) + others + f"{RECORD},,\n"
+    metadata = {"sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n"}
+    sites = {name: make_site_packages(name, files={**shipped, RECORD: record, **metadata})
+             for name in ("ct200", "ct129", "fleet00")}
+    odd = record.replace(f"sha256={_digest('value = 2' + chr(10))}", f"sha256={_digest('value = 7' + chr(10))}")
+    assert len(odd) == len(record) != odd
+    (sites["fleet00"] / RECORD).write_text(odd)
+    write_config({name: ssh_node(name, site, paths=[SRT]) for name, site in sites.items()}, where=tmp_path)
+    result = run_snapver("pull", "--json", "ct200", "ct129", "fleet00", cwd=tmp_path)
+    assert result.code == 0, result
+    wire = {node["node"]: node["wire_bytes"] for node in json.loads(result.out)["nodes"]}
+    size = len(record.encode())
+    assert wire["fleet00"] > size  # its own RECORD
+    assert sorted(w > size for name, w in wire.items() if name != "fleet00") == [False, True], wire  # one of two
+    store = tmp_path / "snapshots"
+    rows = {name: _git(store, "rev-parse", f"refs/heads/nodes/{name}:.snapver/record") for name in sites}
+    assert rows["ct200"] == rows["ct129"] != rows["fleet00"]
+    seven = f"sha256 {hashlib.sha256(b'value = 7' + bytes([10])).hexdigest()}"
+    odd_rows = _git(store, "cat-file", "blob", rows["fleet00"]).splitlines()
+    assert f"{seven} {SRT}/m2.py" in odd_rows
