@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -22,14 +23,20 @@ def init(
 ) -> int:
     """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
 
+    With --config (or $SNAPVER_CONFIG), that file is the one written (or kept) and its store made.
+
     Examples:
       snapver init            # then add your nodes to .snapver
       snapver init --local    # this machine's site-packages as node `local`
       snapver init --writer alice@lab   # the name a team remote knows this store by
     """
+    from snapver.config import ENV_CONFIG
     from snapver.ops.init import init as run_init
 
-    result = run_init(Path.cwd(), local=local, writer=writer)
+    # The config named by --config or $SNAPVER_CONFIG is the one made (or kept) and whose
+    # store is created, as every other command would read it; else `.snapver` here.
+    named = STATE.config_path or os.environ.get(ENV_CONFIG)
+    result = run_init(Path.cwd(), local=local, writer=writer, config_path=Path(named) if named else None)
     if json_out:
         emit_json({"config": str(result.config_path), "config_created": result.config_created,
                    "store": str(result.store_path), "local": local, "writer": result.writer})

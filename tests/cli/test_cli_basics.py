@@ -424,3 +424,27 @@ def test_a_reader_that_goes_away_ends_a_read_only_command_quietly(make_site_pack
                           stdin=subprocess.DEVNULL, env=env, timeout=60)
     os.close(write_end)
     assert done.returncode == 0 and done.stderr == b"", done
+
+
+def test_init_makes_the_config_named_by_flag_or_environment(run_snapver, tmp_path) -> None:
+    """`--config FILE init` writes FILE (not `.snapver` here) and the store FILE names, with
+    the writer asked for; on an existing FILE it keeps it and sets that store's writer.
+    $SNAPVER_CONFIG is honoured the same way; a bad writer id writes nothing."""
+    here = Path.cwd()
+    team = tmp_path / "team"
+    team.mkdir()
+    config = team / "team.toml"
+    fails(run_snapver("--config", str(config), "init", "--writer", "no/slash"), 2, "writer")
+    assert not config.exists() and not (here / ".snapver").exists()
+    result = json.loads(ok(run_snapver("--config", str(config), "init", "--writer", "alice@lab", "--json")).out)
+    assert (result["config"], result["config_created"], result["writer"]) == (str(config), True, "alice@lab")
+    assert result["store"] == str(team / "snapshots")  # relative to the config file
+    assert not (here / ".snapver").exists() and not (here / "snapshots").exists()
+    assert git(team / "snapshots", "config", "snapver.writer").strip() == "alice@lab"
+    config.write_text(config.read_text() + "\n# kept\n")
+    again = json.loads(ok(run_snapver("init", "--writer", "bob@lab", "--json",
+                                      env={"SNAPVER_CONFIG": str(config)})).out)
+    assert (again["config_created"], again["writer"]) == (False, "bob@lab")
+    assert config.read_text().endswith("# kept\n")
+    assert git(team / "snapshots", "config", "snapver.writer").strip() == "bob@lab"
+    fails(run_snapver("--config", str(tmp_path / "absent" / "x.toml"), "init"), 2, "cannot write the config")
