@@ -28,7 +28,7 @@ def init(
     Examples:
       snapver init            # then add your nodes to .snapver
       snapver init --local    # this machine's site-packages as node `local`
-      snapver init --writer alice@lab   # the name a team remote knows this store by
+      snapver init --writer alice@lab   # its name on a team remote
     """
     from snapver.config import ENV_CONFIG
     from snapver.ops.init import init as run_init
