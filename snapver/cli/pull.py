@@ -38,11 +38,17 @@ def pull(
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")
     store = STATE.store(config, create=True)
-    if tag is not None and (existing := store.ref(tag_ref(tag))):
-        # As `snapver tag`: a tag never moves silently.
-        raise RefError(f"tag {tag!r} already names {existing[:10]}",
-                       hint=f"pick another name, or move it with `snapver tag --force {tag} {specs[0].name}` after "
-                       "pulling")
+    if tag is not None:
+        from snapver.store.team import TeamView
+
+        # As `snapver tag`: a tag never moves silently, nor one another writer of a team
+        # store holds (the pull writes it only where none is: see ops/pull.py _tag).
+        values, conflicts = TeamView(store).tags()
+        existing = store.ref(tag_ref(tag)) or values.get(tag) or next(iter(conflicts.get(tag, {}).values()), None)
+        if existing:
+            raise RefError(f"tag {tag!r} already names {existing[:10]}",
+                           hint=f"pick another name, or move it with `snapver tag --force {tag} {specs[0].name}` "
+                           "after pulling")
     out = console()
     err = console(stderr=True)
     show_bar = not json_out and err.is_terminal

@@ -23,12 +23,12 @@ from typing import Callable, Iterator
 import blake3
 
 from snapver.config import NodeSpec
-from snapver.errors import SnapverError, StoreError, TransportError
+from snapver.errors import RefError, SnapverError, StoreError, TransportError
 from snapver.model import Entry, Manifest, StatEntry
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
-from snapver.store.repo import Importer, Store, blob_oid, format_message
+from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message
 from snapver.store.team import moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import open_transport
@@ -298,11 +298,28 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     save_stat_keys(store, result.node, head, result.cache_time,
                                    {e.path: list(e.stat_key) for e in result.listing.entries if e.kind == "f"})
                 if tag and head:
-                    store.update_ref(refs.tag_ref(tag if len(specs) == 1 else f"{tag}-{result.node}"), head)
+                    _tag(store, tag if len(specs) == 1 else f"{tag}-{result.node}", head, result)
             result.seconds = time.monotonic() - result.started
             if on_node_done:
                 on_node_done(result)
     return PullResult(results)
+
+
+def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
+    """Create tag ``name`` at ``head`` only where no tag is (compare-and-swap: the caller
+    checked before pulling, another command may have made it since). One made meanwhile
+    is left as it is; the node's result says so (its snapshot is recorded, untagged)."""
+    ref = refs.tag_ref(name)
+    try:
+        store.update_ref(ref, head, ZERO_OID)
+    except StoreError:
+        now = store.ref(ref)
+        if now == head:
+            return
+        result.error = RefError(f"tag {name!r} was made by another command meanwhile (it names "
+                                f"{(now or '?')[:10]}): snapshot {head[:10]} is recorded, untagged",
+                                hint=f"tag it under another name, or move the tag with `snapver tag --force {name} "
+                                f"{head[:10]}`")
 
 
 def _as_last_time(result: NodePull) -> bool:

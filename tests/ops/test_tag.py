@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -149,3 +151,82 @@ def test_without_a_store(make_site_packages, tmp_path: Path) -> None:
     assert listed.code == 0 and "no tags yet" in listed.out
     made = run_inproc("--config", config, "tag", "v1")
     assert made.code == 4 and made.err.startswith("snapver: error: no snapver store")
+
+
+HOLD_LOCK_THEN_TAG = """
+import pathlib, subprocess, sys, time
+from snapver.store.lock import store_lock
+store, tag, commit, go = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4])
+with store_lock(store, wait=5):
+    print("locked", flush=True)
+    deadline = time.monotonic() + 30
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # What `snapver tag` does under the lock: the tag's ref, made.
+    subprocess.run(["git", "--git-dir", str(store), "update-ref", "refs/tags/" + tag, commit], check=True)
+"""
+
+
+def _waits_on_the_lock(pid: int, lock: Path) -> bool:
+    """True while process ``pid`` holds the store's lock file open (its wait for the lock)."""
+    found = False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # it has ended
+        return False
+    for fd in fds:
+        try:
+            found = found or os.readlink(fd) == str(lock)
+        except OSError:  # closed meanwhile
+            pass
+    return found
+
+
+def test_a_tag_made_while_pull_tag_waited_is_not_moved(project, tmp_path: Path) -> None:
+    """`pull --tag t` checks t is free, then waits for the store lock another command holds;
+    that command makes t. The pull records its snapshot and leaves t where it was (exit 2),
+    instead of moving it to the new snapshot."""
+    config, store = project
+    before = git(store, "rev-parse", "refs/heads/nodes/ct200")
+    site = Path(load_config(str(config)).nodes["ct200"].site_packages)
+    (site / "sglang/srt/a.py").write_text("changed = True\n")
+    go = tmp_path / "go"
+    root = str(Path(__file__).resolve().parents[2])  # this tree's snapver, in both processes
+    env = {**os.environ, "SNAPVER_LOCK_WAIT": "30", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK_THEN_TAG, str(store), "t", before, str(go)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        pull = subprocess.Popen([sys.executable, "-m", "snapver", "--config", str(config), "pull", "--json",
+                                 "--tag", "t", "ct200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+        lock = (store / "snapver.lock").resolve()
+        deadline = time.monotonic() + 20
+        seen = 0
+        while seen < 3 and time.monotonic() < deadline:  # waiting on the lock, not a passing probe
+            seen = seen + 1 if _waits_on_the_lock(pull.pid, lock) else 0
+            time.sleep(0.1)
+        assert seen == 3, "the pull never waited on the lock"
+        go.touch()
+        assert holder.wait(timeout=30) == 0
+        out, err = pull.communicate(timeout=60)
+    finally:
+        go.touch()
+        holder.kill()
+    assert pull.returncode == 2, (out, err)
+    assert "was made by another command meanwhile" in err + out
+    (node,) = json.loads(out)["nodes"]
+    assert node["snapshot"] and node["snapshot"] != before  # recorded, untagged
+    assert git(store, "rev-parse", "refs/heads/nodes/ct200") == node["snapshot"]
+    assert tags_in(store) == {"t": before}
+
+
+def test_pull_tag_refuses_a_tag_another_writer_holds(project, tmp_path: Path) -> None:
+    """A team store: bob's tag (synced in) is a tag here too; `pull --tag` does not make a
+    second value of it (as `snapver tag` would not)."""
+    config, store = project
+    theirs = git(store, "rev-parse", "refs/heads/nodes/ct129")
+    git(store, "update-ref", "refs/remotes/team/bob@lab/tags/shared", theirs)
+    result = run_inproc("--config", config, "pull", "--tag", "shared", "ct200")
+    assert result.code == 2 and "already names" in result.err, result
+    assert "shared" not in tags_in(store)
