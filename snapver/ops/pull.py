@@ -107,38 +107,64 @@ def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys 
 
     Their ``read_cache`` gives the cache's entries only if the cache file is still the one
     written with them (same commit and time), else None."""
-    if head is None:
+    found = _read_stat_keys(store, node, head)
+    if found is None:
         return None, 0
+    text, cache_time, files = found
+
+    def read_cache() -> dict[str, StatEntry] | None:
+        entries, now_ns = load_stat_cache(store, node, head, (text, cache_time))
+        return entries if entries and now_ns == cache_time else None
+
+    return StatKeys(text, read_cache, files), cache_time
+
+
+def _read_stat_keys(store: Store, node: str, head: str | None) -> tuple[str, int, int | None] | None:
+    """(keys' JSON text, cache time, how many files) of snapshot ``head``'s keys file, or None."""
+    if head is None:
+        return None
     try:
         with open(stat_keys_path(store, node), encoding="ascii") as handle:
             header = json.loads(handle.readline())
             text = handle.read()
         if header["commit"] != head or not text.startswith("{") or text == "{}":  # no files: no delta
-            return None, 0
-        cache_time = int(header["now_ns"])
+            return None
         files = header.get("files")
+        return text, int(header["now_ns"]), files if isinstance(files, int) and not isinstance(files, bool) else None
     except (OSError, ValueError, KeyError, TypeError):
-        return None, 0
-
-    def read_cache() -> dict[str, StatEntry] | None:
-        entries, now_ns = load_stat_cache(store, node, head)
-        return entries if entries and now_ns == cache_time else None
-
-    return StatKeys(text, read_cache, files if isinstance(files, int) and not isinstance(files, bool) else None), \
-        cache_time
+        return None
 
 
-def load_stat_cache(store: Store, node: str, head: str | None) -> tuple[dict[str, StatEntry], int]:
-    """The node's last listing, trusted only if it belongs to the snapshot at the tip."""
+def load_stat_cache(store: Store, node: str, head: str | None,
+                    keys: tuple[str, int] | None = None) -> tuple[dict[str, StatEntry], int]:
+    """The node's last listing, trusted only if it belongs to the snapshot at the tip.
+
+    The cache holds the listing's blob ids, in the order of its stat keys (``keys``: their
+    text and time, else read from the keys file); both must be of the same listing (same
+    commit and time). A cache an older snapver wrote holds whole rows instead.
+    """
     path = stat_cache_path(store, node)
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if head is None or not isinstance(data, dict) or data.get("commit") != head:
+            return {}, 0
+        now_ns = int(data["now_ns"])
+        if "entries" in data:  # written before the cache held only blob ids
+            return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5])
+                    for p, v in data["entries"].items()}, now_ns
+        if keys is None:
+            found = _read_stat_keys(store, node, head)
+            keys = (found[0], found[1]) if found else None
+        oids = data["oids"]
+        if keys is None or keys[1] != now_ns:
+            return {}, 0
+        rows = json.loads(keys[0])
+        if not isinstance(rows, dict) or not isinstance(oids, list) or len(rows) != len(oids):
+            return {}, 0
+        return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], oid)
+                for (p, v), oid in zip(rows.items(), oids)}, now_ns
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return {}, 0
-    if head is None or data.get("commit") != head:
-        return {}, 0
-    entries = {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5]) for p, v in data["entries"].items()}
-    return entries, int(data["now_ns"])
 
 
 def list_live(store: Store | None, transport: Transport, checksum: bool = False) -> Listing:
@@ -166,26 +192,31 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
 
 
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
+    """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = {e.path: [e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode, e.oid]
-               for e in listing.entries if e.kind == "f"}
+    files = [e for e in listing.entries if e.kind == "f"]
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
-    save_stat_keys(store, node, commit, listing.now_ns, entries)
+    _write_stat_keys(store, node, commit, listing.now_ns,
+                     {e.path: [e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode] for e in files})
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "entries": entries}))
+    # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
+    tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
+                              separators=(",", ":")))
     os.replace(tmp, path)
 
 
 def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, rows: dict[str, list[object]]) -> None:
     """Write the stat keys of cache ``rows`` (path -> [size, mtime, ctime, ino, mode, ...])."""
+    _write_stat_keys(store, node, commit, now_ns, {name: row[:5] for name, row in rows.items()})
+
+
+def _write_stat_keys(store: Store, node: str, commit: str, now_ns: int, keys: dict[str, list[object]]) -> None:
     path = stat_keys_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": len(rows)})
-    keys = json.dumps({name: row[:5] for name, row in rows.items()}, ensure_ascii=True, separators=(",", ":"))
+    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": len(keys)})
     tmp = path.with_suffix(".keys-tmp")
-    tmp.write_text(header + "\n" + keys, encoding="ascii")
+    tmp.write_text(header + "\n" + json.dumps(keys, ensure_ascii=True, separators=(",", ":")), encoding="ascii")
     os.replace(tmp, path)
 
 

@@ -24,6 +24,22 @@ from snapver.transport.connect import open_transport
 FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(20)}
 
 
+def _cached_ids(store: Store) -> dict[str, str]:
+    """``{path: blob id}`` as the stat cache holds them: its ids, in the keys file's order."""
+    keys = json.loads(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    return dict(zip(keys, json.loads(stat_cache_path(store, "ct200").read_text())["oids"]))
+
+
+def _forge_cached_id(store: Store, path: str, oid: str, time_shift: int = 0) -> None:
+    """Write a wrong blob id for ``path`` into the stat cache (as a stale cache would hold)."""
+    keys = json.loads(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    cache_file = stat_cache_path(store, "ct200")
+    cache = json.loads(cache_file.read_text())
+    cache["oids"][list(keys).index(path)] = oid
+    cache["now_ns"] += time_shift
+    cache_file.write_text(json.dumps(cache))
+
+
 @pytest.fixture(params=["local", "ssh"])
 def pulled(request, sshd, make_site_packages, ssh_node, local_node, tmp_path: Path):
     site = make_site_packages("ct200", files=FILES)
@@ -60,13 +76,11 @@ def test_checksum_hashes_everything_even_when_the_stats_say_unchanged(pulled) ->
     config, site = pulled
     store = Store(load_config(str(config)).store_path)
     # Forge the recorded id of one file (as a stale cache would be): only -c sees the truth.
-    cache_file = stat_cache_path(store, "ct200")
-    cache = json.loads(cache_file.read_text())
-    cache["entries"]["sglang/srt/m3.py"][5] = "0" * 40
-    cache_file.write_text(json.dumps(cache))
-    trusting = run_inproc("--config", config, "diff", "-q", "ct200")
+    _forge_cached_id(store, "sglang/srt/m3.py", "0" * 40)
+    trusting = run_inproc("--config", config, "diff", "--name-status", "ct200")
     checking = run_inproc("--config", config, "diff", "-q", "-c", "ct200")
-    assert trusting.code == 1  # the forged id differs from the snapshot: the cache was used
+    # The forged id differs from the snapshot: the cache was used, its ids paired with their paths.
+    assert (trusting.code, trusting.out) == (1, "M\tsglang/srt/m3.py\n"), trusting
     assert checking.code == 0, checking  # the node hashed every file: identical
     status = run_inproc("--config", config, "status", "--checksum", "ct200")
     assert status.code == 0, status
@@ -80,6 +94,7 @@ def test_an_unchanged_repull_keeps_the_cache_and_still_sees_the_next_edit(pulled
     store = Store(load_config(str(config)).store_path)
     cache_file = stat_cache_path(store, "ct200")
     kept = cache_file.read_bytes()
+    keys_before = list(_cached_ids(store))
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "unchanged since" in result.out, result
     assert cache_file.read_bytes() == kept
@@ -91,8 +106,8 @@ def test_an_unchanged_repull_keeps_the_cache_and_still_sees_the_next_edit(pulled
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "1 changed" in result.out, result
     assert cache_file.read_bytes() != kept
-    assert json.loads(cache_file.read_text())["entries"]["sglang/srt/m4.py"][5] != json.loads(kept)["entries"][
-        "sglang/srt/m4.py"][5]
+    assert _cached_ids(store)["sglang/srt/m4.py"] != dict(zip(keys_before, json.loads(kept)["oids"]))[
+        "sglang/srt/m4.py"]
 
 
 @pytest.fixture
@@ -114,10 +129,7 @@ def test_stat_keys_of_another_cache_are_not_trusted_with_it(ssh_pulled) -> None:
     config, store = ssh_pulled
     assert stat_keys_path(store, "ct200").is_file()
     cache_file = stat_cache_path(store, "ct200")
-    cache = json.loads(cache_file.read_text())
-    cache["entries"]["sglang/srt/m3.py"][5] = "0" * 40  # a wrong id, in a cache of another time
-    cache["now_ns"] -= 1
-    cache_file.write_text(json.dumps(cache))
+    _forge_cached_id(store, "sglang/srt/m3.py", "0" * 40, time_shift=-1)  # a wrong id, in a cache of another time
     result = run_inproc("--config", config, "diff", "-q", "ct200")
     assert result.code == 0, result
     cache_file.unlink()  # the keys left alone, without their cache
@@ -126,11 +138,16 @@ def test_stat_keys_of_another_cache_are_not_trusted_with_it(ssh_pulled) -> None:
 
 
 def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) -> None:
-    """A cache an older snapver wrote has no keys file; an unchanged re-pull (which leaves
-    the cache as it is) writes its keys, with the cache's own time."""
+    """A cache an older snapver wrote holds whole rows and has no keys file; an unchanged
+    re-pull trusts it (the node hashes nothing), leaves it as it is, and writes its keys,
+    with the cache's own time."""
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
     written = keys_file.read_bytes()
+    keys = json.loads(written.decode().split("\n", 1)[1])
+    cache = json.loads(cache_file.read_text())
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
     keys_file.unlink()
     kept = cache_file.read_bytes()
     result = run_inproc("--config", config, "pull", "ct200")
