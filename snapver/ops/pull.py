@@ -343,12 +343,15 @@ def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
     ref = refs.tag_ref(name)
     try:
         store.update_ref(ref, head, ZERO_OID)
-    except StoreError:
+    except StoreError as exc:
         now = store.ref(ref)
         if now == head:
             return
+        if now is None:  # not there: the write itself failed (an unwritable store)
+            result.error = exc
+            return
         result.error = RefError(f"tag {name!r} was made by another command meanwhile (it names "
-                                f"{(now or '?')[:10]}): snapshot {head[:10]} is recorded, untagged",
+                                f"{now[:10]}): snapshot {head[:10]} is recorded, untagged",
                                 hint=f"tag it under another name, or move the tag with `snapver tag --force {name} "
                                 f"{head[:10]}`")
 
