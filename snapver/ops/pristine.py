@@ -40,6 +40,7 @@ def record_source_path(store: Store, node: str) -> Path:
 
 
 def save_record_source(store: Store, node: str, commit: str, source: dict[str, Any]) -> None:
+    """Keep what snapshot ``commit``'s RECORD rows were made from, for the node's next pull."""
     path = record_source_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".record-tmp")
