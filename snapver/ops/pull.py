@@ -323,11 +323,11 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 # every file it trusts was trusted at that time, and is still unchanged).
                 if head and not (result.listing.as_cached and head == result.parent):
                     save_stat_cache(store, result.node, head, result.listing)
-                if result.snapshot and result.record is not None:
-                    save_record_source(store, result.node, result.snapshot, result.record.source)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     save_stat_keys(store, result.node, head, result.cache_time,
                                    {e.path: list(e.stat_key) for e in result.listing.entries if e.kind == "f"})
+                if result.snapshot and result.record is not None:
+                    save_record_source(store, result.node, result.snapshot, result.record.source)
                 if tag and head:
                     _tag(store, tag if len(specs) == 1 else f"{tag}-{result.node}", head, result)
             result.seconds = time.monotonic() - result.started

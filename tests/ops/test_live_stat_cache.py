@@ -181,3 +181,26 @@ def test_a_repull_against_stat_keys_records_what_no_cached_row_shows(ssh_pulled,
               "chmod": "T\tsglang/srt/m5.py",  # T: type or mode changed
               "link": "A\tsglang/srt/alias.py"}[change]
     assert show.out.strip() == wanted, show
+
+
+def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) -> None:
+    """A cache an older snapver wrote (no keys file) that the node does not find exactly as
+    it was (a file touched, same content: no new snapshot) is written anew, keys and ids
+    of the same listing, so that the next pull trusts them and hashes nothing."""
+    config, store = ssh_pulled
+    keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
+    keys = json.loads(keys_file.read_text().split("\n", 1)[1])
+    cache = json.loads(cache_file.read_text())
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
+    keys_file.unlink()
+    site = Path(load_config(str(config)).node("ct200").site_packages)
+    touched = site / "sglang/srt/m2.py"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns - 10**9))
+    time.sleep(2.2)  # the touch (its ctime) older than the racy window of the next listing
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out, result
+    header = json.loads(keys_file.read_text().split("\n", 1)[0])
+    assert header["now_ns"] == json.loads(cache_file.read_text())["now_ns"]
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 0
