@@ -95,8 +95,10 @@ def snapshot_record(store: Store, transport: Transport, parent: str | None,
                     if made is not None:
                         made[_key(source)] = reused
                     return reused
-            if made is not None and _key(source) in made:
-                return made[_key(source)]
+            if made is not None:
+                shared = made.get(_key(source))
+                if shared is not None:
+                    return shared
     record = _read_record(transport, paths, tracked)
     if made is not None and record is not None:
         made[_key(record.source)] = record
