@@ -433,7 +433,7 @@ def _read_parent(store: Store, result: NodePull) -> None:
 def _assign_fetches(store: Store, nodes: list[NodePull], importer: Importer) -> dict[str, list[StatEntry]]:
     """Give each blob the store lacks to the first node that has it (unhashed files: all)."""
     all_oids = {e.oid for r in nodes for e in r.listing.entries if e.oid}  # type: ignore[union-attr]
-    fetched = {oid for oid in all_oids if importer.has(oid)}  # from the node that sent everything first
+    fetched = all_oids & importer.written()  # from the node that sent everything first
     # Blobs of the nodes' last snapshots are in the store: ask git only about the others.
     # (Unordered: a Manifest iterates sorted. Identical nodes share one parsed manifest.)
     parents = {id(r.parent_manifest): r.parent_manifest for r in nodes if r.parent_manifest}
@@ -452,8 +452,9 @@ def _assign_fetches(store: Store, nodes: list[NodePull], importer: Importer) -> 
 
 def _still_missing(store: Store, importer: Importer, result: NodePull) -> list[StatEntry]:
     recorded = {e.oid for e in result.parent_manifest.entries.values()} if result.parent_manifest else set()
+    written = importer.written()
     candidates = [e for e in result.listing.entries  # type: ignore[union-attr]
-                  if e.oid not in recorded and not importer.has(e.oid)]
+                  if e.oid not in recorded and e.oid not in written]
     if not candidates:
         return []
     have = store.existing(e.oid for e in candidates)
