@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import blake3
 
@@ -102,6 +102,29 @@ def stat_keys_path(store: Store, node: str) -> Path:
     return store.path / "snapver" / "stat-cache" / f"{node}.keys"
 
 
+def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
+    """The keys' JSON text from (path, size, mtime_ns, ctime_ns, ino, mode) of each file:
+    one string of records, "size mtime_ns ctime_ns ino mode path" each, NUL between them
+    (no path holds a NUL). The node looks its files' records up in a set: a JSON object of
+    lists, as older versions wrote, took ~5x longer to decode there and ~1.5x to encode."""
+    return json.dumps("\0".join([f"{size} {mtime} {ctime} {ino} {mode} {path}"
+                                  for path, size, mtime, ctime, ino, mode in keys]))
+
+
+def parse_stat_keys(text: str) -> dict[str, list[int]]:
+    """``{path: [size, mtime_ns, ctime_ns, ino, mode]}`` of keys' JSON text (either form)."""
+    value = json.loads(text)
+    if isinstance(value, dict):  # written by an older snapver
+        return value
+    if not isinstance(value, str):
+        raise ValueError("stat keys are neither records nor an object")
+    rows: dict[str, list[int]] = {}
+    for record in value.split("\0") if value else ():
+        size, mtime, ctime, ino, mode, path = record.split(" ", 5)
+        rows[path] = [int(size), int(mtime), int(ctime), int(ino), int(mode)]
+    return rows
+
+
 def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys | None, int]:
     """The node's stat keys and the cache's time, if written with the cache of snapshot ``head``.
 
@@ -127,7 +150,7 @@ def _read_stat_keys(store: Store, node: str, head: str | None) -> tuple[str, int
         with open(stat_keys_path(store, node), encoding="ascii") as handle:
             header = json.loads(handle.readline())
             text = handle.read()
-        if header["commit"] != head or not text.startswith("{") or text == "{}":  # no files: no delta
+        if header["commit"] != head or not text.startswith(('"', "{")) or text in ('""', "{}"):  # no files: no delta
             return None
         files = header.get("files")
         return text, int(header["now_ns"]), files if isinstance(files, int) and not isinstance(files, bool) else None
@@ -158,8 +181,8 @@ def load_stat_cache(store: Store, node: str, head: str | None,
         oids = data["oids"]
         if keys is None or keys[1] != now_ns:
             return {}, 0
-        rows = json.loads(keys[0])
-        if not isinstance(rows, dict) or not isinstance(oids, list) or len(rows) != len(oids):
+        rows = parse_stat_keys(keys[0])
+        if not isinstance(oids, list) or len(rows) != len(oids):
             return {}, 0
         return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], oid)
                 for (p, v), oid in zip(rows.items(), oids)}, now_ns
@@ -197,8 +220,8 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     files = [e for e in listing.entries if e.kind == "f"]
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
-    _write_stat_keys(store, node, commit, listing.now_ns,
-                     {e.path: [e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode] for e in files})
+    _write_stat_keys(store, node, commit, listing.now_ns, len(files),
+                     stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files]))
     tmp = path.with_suffix(".tmp")
     # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
     tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
@@ -208,15 +231,16 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
 
 def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, rows: dict[str, list[object]]) -> None:
     """Write the stat keys of cache ``rows`` (path -> [size, mtime, ctime, ino, mode, ...])."""
-    _write_stat_keys(store, node, commit, now_ns, {name: row[:5] for name, row in rows.items()})
+    _write_stat_keys(store, node, commit, now_ns, len(rows),
+                     stat_keys_text([(name, *row[:5]) for name, row in rows.items()]))  # type: ignore[misc]
 
 
-def _write_stat_keys(store: Store, node: str, commit: str, now_ns: int, keys: dict[str, list[object]]) -> None:
+def _write_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: int, text: str) -> None:
     path = stat_keys_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": len(keys)})
+    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": files})
     tmp = path.with_suffix(".keys-tmp")
-    tmp.write_text(header + "\n" + json.dumps(keys, ensure_ascii=True, separators=(",", ":")), encoding="ascii")
+    tmp.write_text(header + "\n" + text, encoding="ascii")
     os.replace(tmp, path)
 
 

@@ -17,7 +17,7 @@ from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
-from snapver.ops.pull import list_live, stat_cache_path, stat_keys_path
+from snapver.ops.pull import list_live, parse_stat_keys, stat_cache_path, stat_keys_path, stat_keys_text
 from snapver.store.repo import Store
 from snapver.transport.connect import open_transport
 
@@ -26,13 +26,13 @@ FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(20)}
 
 def _cached_ids(store: Store) -> dict[str, str]:
     """``{path: blob id}`` as the stat cache holds them: its ids, in the keys file's order."""
-    keys = json.loads(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
     return dict(zip(keys, json.loads(stat_cache_path(store, "ct200").read_text())["oids"]))
 
 
 def _forge_cached_id(store: Store, path: str, oid: str, time_shift: int = 0) -> None:
     """Write a wrong blob id for ``path`` into the stat cache (as a stale cache would hold)."""
-    keys = json.loads(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
     cache_file = stat_cache_path(store, "ct200")
     cache = json.loads(cache_file.read_text())
     cache["oids"][list(keys).index(path)] = oid
@@ -144,7 +144,7 @@ def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) 
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
     written = keys_file.read_bytes()
-    keys = json.loads(written.decode().split("\n", 1)[1])
+    keys = parse_stat_keys(written.decode().split("\n", 1)[1])
     cache = json.loads(cache_file.read_text())
     rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
@@ -189,7 +189,7 @@ def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) 
     of the same listing, so that the next pull trusts them and hashes nothing."""
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
-    keys = json.loads(keys_file.read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(keys_file.read_text().split("\n", 1)[1])
     cache = json.loads(cache_file.read_text())
     rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
@@ -204,3 +204,62 @@ def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) 
     assert header["now_ns"] == json.loads(cache_file.read_text())["now_ns"]
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 0
+
+
+TRICKY_NAMES = ["a b.py", "new\nline.py", "tab\there.py", "\u00e9t\u00e9.py", "trailing .py",
+                "1 2 3 4 5 looks like a key.py", "sub dir/inner.py", "\u00e4/\u00fc.py"]
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
+        transport, sshd, make_site_packages, ssh_node, local_node, tmp_path: Path) -> None:
+    """The keys go to the node as "size mtime ctime ino mode path" records: names with
+    spaces, newlines, tabs, non-ASCII or bytes that are not UTF-8 find their own record
+    (nothing re-hashed), and an edit of any of them is still seen."""
+    site = make_site_packages("ct200", files={f"sglang/srt/{name}": f"v = {i}\n" for i, name in enumerate(TRICKY_NAMES)})
+    not_utf8 = os.fsencode(site / "sglang/srt") + b"/caf\xe9.py"
+    with open(not_utf8, "wb") as handle:
+        handle.write(b"latin = 1\n")
+    time.sleep(2.2)  # older than the racy window
+    node = ssh_node("ct200", site) if transport == "ssh" else local_node(site)
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")}, "nodes": {"ct200": node}}))
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    store, trusted, full = _listing(config)
+    assert trusted.hashed == 0 and full.hashed == len(TRICKY_NAMES) + 1
+    assert {e.path: e.oid for e in trusted.entries} == {e.path: e.oid for e in full.entries}
+    assert set(parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])) == {
+        e.path for e in full.entries}
+    # A key that differs by its inode alone (as after a file is swapped for an older one):
+    # that file, and only it, is hashed again. (A real edit also moves ctime, after the cache.)
+    keys_file = stat_keys_path(store, "ct200")
+    header, text = keys_file.read_text().split("\n", 1)
+    keys = parse_stat_keys(text)
+    keys["sglang/srt/new\nline.py"][3] += 1
+    keys_file.write_text(header + "\n" + stat_keys_text((path, *key) for path, key in keys.items()))
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 1
+    for edited in ["sglang/srt/new\nline.py", "sglang/srt/1 2 3 4 5 looks like a key.py", os.fsdecode(not_utf8)]:
+        target = site / edited
+        before = target.stat()
+        target.write_bytes(target.read_bytes().replace(b"=", b":"))  # same size, same mtime
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 3
+
+
+def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
+    """Keys written as a JSON object of lists (before records) serve as they are: an
+    unchanged re-pull hashes nothing; the next snapshot's keys are records."""
+    config, site = pulled
+    store = Store(load_config(str(config)).store_path)
+    keys_file = stat_keys_path(store, "ct200")
+    header, text = keys_file.read_text().split("\n", 1)
+    assert text.startswith('"')
+    keys_file.write_text(header + "\n" + json.dumps(parse_stat_keys(text)))
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
+    (site / "sglang/srt/m4.py").write_text("value = 44\n")
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
+    assert keys_file.read_text().split("\n", 1)[1].startswith('"')
