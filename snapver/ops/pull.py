@@ -277,7 +277,8 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     # Into an empty store, the first node of a group to start up is such a node: it lists
     # without hashing and streams everything at once, while the others start up and hash;
     # they then send only what it did not have.
-    empty = not store.refs("refs/heads/")
+    heads = store.heads("refs/heads/")  # each node's last snapshot: one git, not one per node
+    empty = not heads
     hash_on_node = len(specs) > 1 or not empty
     first = _First() if empty and len(specs) > 1 else None
     closed: set[str] = set()
@@ -295,7 +296,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 digests: dict[str, str] = dict(known_digests or {})
 
                 def list_node(spec: NodeSpec, result: NodePull) -> None:
-                    _list_node(store, spec, result, hash_on_node, first)
+                    _list_node(store, spec, result, hash_on_node, first, heads)
                     if first is not None and first.node == result.node and result.ok:
                         assert result.listing is not None
                         if on_plan:
@@ -407,10 +408,11 @@ class _First:
 
 
 def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool,
-               first: _First | None = None) -> None:
+               first: _First | None = None, heads: dict[str, str] | None = None) -> None:
     result.started = time.monotonic()
     try:
-        result.parent = store.ref(refs.node_ref(spec.name))
+        node_ref = refs.node_ref(spec.name)
+        result.parent = heads.get(node_ref) if heads is not None else store.ref(node_ref)
         keys, cache_time = load_stat_keys(store, spec.name, result.parent)
         cache: dict[str, StatEntry] = {}
         if keys is None:

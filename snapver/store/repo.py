@@ -492,6 +492,19 @@ class Store:
             found[name[len(prefix):]] = peeled or oid
         return found
 
+    def heads(self, prefix: str) -> dict[str, str]:
+        """``{full ref name: commit}`` of the refs under ``prefix`` that name a commit: what
+        ``ref`` gives for each, from one git (a 16-node pull started 16)."""
+        out = self.git("for-each-ref", "--format=%(objecttype) %(objectname) %(*objecttype) %(*objectname) %(refname)",
+                       prefix)
+        found = {}
+        for line in out.decode().splitlines():
+            kind, oid, peeled_kind, peeled, name = line.split(" ", 4)
+            if kind == "commit" or peeled_kind == "commit":  # a tag object peeled, as ^{commit} does
+                found[name] = oid if kind == "commit" else peeled
+        self._present.update(found.values())
+        return found
+
     def update_ref(self, name: str, new: str, old: str | None = None) -> None:
         args = ["update-ref", name, new] + ([old] if old is not None else [])
         self.git(*args)

@@ -254,3 +254,25 @@ def test_objects_seen_once_are_known_without_git_and_unseen_ones_are_asked(tmp_p
     assert store.existing([present, absent]) == {present, absent}
     with pytest.raises(StoreError):
         store.existing([_sha1_blob(b"never seen\n")])
+
+
+def test_heads_names_each_refs_commit_as_ref_does(tmp_path: Path) -> None:
+    """One for-each-ref for every node's last snapshot gives what rev-parse REF^{commit}
+    gives for each: a commit, a tag object peeled to its commit, nothing for a ref that
+    names a blob (a hand-edited store) or is not there."""
+    store = Store.create(tmp_path / "store")
+    tree = _git(store.path, "mktree", input=b"").stdout.decode().strip()
+    commit = _git(store.path, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", tree, "-m", "x",
+                  input=b"").stdout.decode().strip()
+    blob = _git(store.path, "hash-object", "-w", "--stdin", input=b"data").stdout.decode().strip()
+    assert _git(store.path, "-c", "user.name=t", "-c", "user.email=t@t", "tag", "-a", "-m", "t", "t1",
+                commit).returncode == 0
+    tag_object = _git(store.path, "rev-parse", "refs/tags/t1").stdout.decode().strip()
+    for name, oid in {"a": commit, "blob": blob, "tagged": tag_object}.items():
+        (store.path / "refs/heads/nodes").mkdir(parents=True, exist_ok=True)
+        (store.path / "refs/heads/nodes" / name).write_text(oid + "\n")  # as a hand edit would
+    heads = store.heads("refs/heads/")
+    for name in ["a", "blob", "tagged", "missing"]:
+        ref = f"refs/heads/nodes/{name}"
+        assert heads.get(ref) == store.ref(ref), ref
+    assert heads == {"refs/heads/nodes/a": commit, "refs/heads/nodes/tagged": commit}
