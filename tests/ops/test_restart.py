@@ -583,9 +583,11 @@ def world_readable_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_node_whose_proc_hides_other_users_processes(venv_nodes, run_snapver, world_readable_dir):
+def test_a_node_whose_proc_hides_other_users_processes(world_readable_dir, venv_nodes, run_snapver):
     """For real: the agent runs as nobody over SSH with /proc mounted hidepid=2, the server as
     root. ps lists nothing and says why; push writes and warns; status shows '?' with why."""
+    # world_readable_dir first: torn down last, after venv_nodes has read its pid files and
+    # stopped the server (the other way round the files were gone and the server lived on)
     wrapper = world_readable_dir / "python"
     wrapper.write_text(HIDDEN_PYTHON)
     wrapper.chmod(0o755)
