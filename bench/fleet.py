@@ -1,6 +1,6 @@
 """Benchmark: a fleet of 16 identical nodes, `snapver pull --all` vs 16 parallel `rsync -a`.
 
-    python3 bench/fleet.py [--runs N] [--json] [--keep]
+    python3 bench/fleet.py [--runs N] [--json] [--keep] [--baseline REV]
     python3 bench/fleet.py --status [--baseline REV] [--runs N]
 
 With ``--status``: the fleet is pulled once (untimed), then `snapver status --json` of
@@ -9,6 +9,10 @@ same command run by the snapver of git revision REV (``git archive``, e.g. ``mai
 the ratio of the medians is issue 13's bar (<= 1.2x). One extra status runs first with
 this tree's snapver (reported apart, once: it reads the 16 RECORDs and hashes the store's
 blobs once) so that the timed ones find the store's caches as any later status does.
+
+With ``--baseline REV`` alone: one node's pull and ``--all`` by REV's snapver run in the
+same rounds too, and the report adds REV's client CPU ratio and this tree's ``--all``
+against REV's (an A/B on one fleet, one machine state).
 
 One sshd (one config, 16 ListenAddress lines: 127.0.0.10-25, OpenSSH's limit per
 process) serves 16 nodes fleet00..fleet15, each a copy of the real sglang/srt tree
@@ -117,7 +121,7 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
+def bench(env: BenchEnv, runs: int, baseline: str | None = None) -> dict[str, Any]:
     sites = build_fleet(env)
     files = sum(1 for p in (sites[ONE] / "sglang" / "srt").rglob("*") if not p.is_dir())
     project = env.work / "project"
@@ -130,11 +134,11 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
     def record(name: str, **figures: Any) -> None:
         stats.setdefault(name, []).append(figures)
 
-    def snapver_pull(name: str, *targets: str) -> Case:
+    def snapver_pull(name: str, *targets: str, env_of: dict[str, str] = snapver_env) -> Case:
         def body(_round: int) -> None:
             cpu, client_cpu = machine_cpu_seconds(), children_cpu_seconds()
             done, peak = run_measured([sys.executable, "-m", "snapver", "pull", "--json", *targets],
-                                      cwd=project, env=snapver_env)
+                                      cwd=project, env=env_of)
             cpu, client_cpu = machine_cpu_seconds() - cpu, children_cpu_seconds() - client_cpu
             nodes = json.loads(done.stdout)["nodes"]
             if len(nodes) != (len(FLEET) if "--all" in targets else 1) or not all(n["ok"] for n in nodes):
@@ -191,15 +195,30 @@ def bench(env: BenchEnv, runs: int) -> dict[str, Any]:
     cases = [snapver_pull("snapver pull fleet00", ONE), snapver_pull("snapver pull --all", "--all"),
              rsync("rsync -a (1 node)", [ONE]), rsync("rsync -a x16", list(FLEET)),
              hash_only("nodes hash only (1)", [ONE]), hash_only("nodes hash only x16", list(FLEET))]
+    if baseline:  # the same two pulls by the snapver of REV, in the same rounds
+        old_env = baseline_env(env, baseline, snapver_env)
+        cases[2:2] = [snapver_pull(f"pull fleet00 ({baseline})", ONE, env_of=old_env),
+                      snapver_pull(f"pull --all ({baseline})", "--all", env_of=old_env)]
     print(f"16 nodes x {files} files; {runs} interleaved runs (+1 warm-up)", file=sys.stderr)
     load_before = _uptime()
     timings = interleave(cases, runs)
     kept = {name: figures[1:] for name, figures in stats.items()}  # drop the warm-up round
-    return {"files": files, "runs": runs, "timings": timings, "figures": kept,
+    return {"files": files, "runs": runs, "timings": timings, "figures": kept, "baseline": baseline,
             "load_before": load_before, "load_after": _uptime()}
 
 
 STATUS_BAR = 1.2
+
+
+def baseline_env(env: BenchEnv, baseline: str, base: dict[str, str]) -> dict[str, str]:
+    """``base`` running the snapver of git revision ``baseline`` (``git archive``, compiled)."""
+    folder = env.work / "baseline"
+    folder.mkdir(exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline, "snapver"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder / "snapver")], check=True)
+    return {**base, "PYTHONPATH": str(folder)}
 
 
 def bench_status(env: BenchEnv, runs: int, baseline: str | None) -> dict[str, Any]:
@@ -210,13 +229,7 @@ def bench_status(env: BenchEnv, runs: int, baseline: str | None) -> dict[str, An
     snapver_env = {**env.env(), "SNAPVER_AUTO_GC": "0"}
     trees = {"snapver status x16": snapver_env}
     if baseline:
-        folder = env.work / "baseline"
-        folder.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline, "snapver"], capture_output=True,
-                                 check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder / "snapver")], check=True)
-        trees[f"status x16 ({baseline})"] = {**snapver_env, "PYTHONPATH": str(folder)}
+        trees[f"status x16 ({baseline})"] = baseline_env(env, baseline, snapver_env)
     done, _peak = run_measured([sys.executable, "-m", "snapver", "pull", "--all", "--json"], cwd=project,
                                env=snapver_env)
     began = time.perf_counter()
@@ -287,6 +300,11 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         "wire bytes: snapver --all / rsync x16": fleet["wire_bytes"] / by["rsync -a x16"]["wire_bytes"],
         "wall: nodes hash only x16 / snapver one node": by["nodes hash only x16"]["median_s"] / one["median_s"],
     }
+    if result.get("baseline"):
+        rev = result["baseline"]
+        old_fleet, old_one = by[f"pull --all ({rev})"], by[f"pull fleet00 ({rev})"]
+        ratios[f"client CPU ({rev}): --all / one node"] = old_fleet["client_cpu_s"] / old_one["client_cpu_s"]
+        ratios[f"client CPU: --all / --all ({rev})"] = fleet["client_cpu_s"] / old_fleet["client_cpu_s"]
     bars = [
         {"ratio": "client CPU: snapver --all / snapver one node", "bar": f"<= {CPU_BAR:g}"},
         {"ratio": "wire bytes: snapver --all / snapver one node", "bar": f"<= {BYTES_BAR:g}"},
@@ -340,7 +358,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--status", action="store_true", help="time `snapver status` of the fleet instead")
-    parser.add_argument("--baseline", metavar="REV", help="with --status: also time the snapver of git REV")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time the snapver of git REV (its pulls in the same rounds; with --status, its status)")
     add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:
@@ -354,7 +373,7 @@ def main() -> int:
             status_summary = bench_status(env, args.runs, args.baseline)
             print(json.dumps(status_summary, indent=2))
             return 0
-        summary = summarise(bench(env, args.runs))
+        summary = summarise(bench(env, args.runs, args.baseline))
     summary["seconds"] = round(time.time() - started, 1)
     summary["node_home"] = args.node_home
     if args.json:
