@@ -225,8 +225,7 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     files = [e for e in listing.entries if e.kind == "f"]
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
-    _write_stat_keys(store, node, commit, listing.now_ns, len(files),
-                     stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files]))
+    save_stat_keys(store, node, commit, listing.now_ns, files)
     tmp = path.with_suffix(".tmp")
     # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
     tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
@@ -234,16 +233,12 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     os.replace(tmp, path)
 
 
-def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, rows: dict[str, list[object]]) -> None:
-    """Write the stat keys of cache ``rows`` (path -> [size, mtime, ctime, ino, mode, ...])."""
-    _write_stat_keys(store, node, commit, now_ns, len(rows),
-                     stat_keys_text([(name, *row[:5]) for name, row in rows.items()]))  # type: ignore[misc]
-
-
-def _write_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: int, text: str) -> None:
+def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry]) -> None:
+    """Write the stat keys of a listing's ``files`` (its regular files), made at ``now_ns``."""
     path = stat_keys_path(store, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": files})
+    header = json.dumps({"commit": commit, "now_ns": now_ns, "files": len(files)})
+    text = stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
     tmp = path.with_suffix(".keys-tmp")
     tmp.write_text(header + "\n" + text, encoding="ascii")
     os.replace(tmp, path)
@@ -301,7 +296,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 digests: dict[str, str] = dict(known_digests or {})
 
                 def list_node(spec: NodeSpec, result: NodePull) -> None:
-                    _list_node(store, spec, result, hash_on_node, first, heads)
+                    _list_node(store, spec, result, hash_on_node, heads, first)
                     if first is not None and first.node == result.node and result.ok:
                         assert result.listing is not None
                         if on_plan:
@@ -333,6 +328,10 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                             marks[result.node] = mark
                     except SnapverError as exc:
                         result.error = exc
+                    # Counted after the record: a RECORD read belongs to the pull's bytes too.
+                    transport = result.transport
+                    assert transport is not None
+                    result.wire_bytes = transport.bytes_received + transport.bytes_sent
                 # Nothing more to ask the nodes: their buffers are freed before the store's
                 # write finishes (a 1 GB first pull's memory peaks there).
                 close_connections()
@@ -355,7 +354,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     save_stat_keys(store, result.node, head, result.cache_time,
-                                   {e.path: list(e.stat_key) for e in result.listing.entries if e.kind == "f"})
+                                   [e for e in result.listing.entries if e.kind == "f"])
                 if result.snapshot and result.record is not None:
                     save_record_source(store, result.node, result.snapshot, result.record.source)
                 if tag and head:
@@ -412,12 +411,12 @@ class _First:
             return self.node == node
 
 
-def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool,
-               first: _First | None = None, heads: dict[str, str] | None = None) -> None:
+def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool, heads: dict[str, str],
+               first: _First | None = None) -> None:
+    """Connect and list; ``heads``: every node's last snapshot (``Store.heads``), this one's the parent."""
     result.started = time.monotonic()
     try:
-        node_ref = refs.node_ref(spec.name)
-        result.parent = heads.get(node_ref) if heads is not None else store.ref(node_ref)
+        result.parent = heads.get(refs.node_ref(spec.name))
         keys, cache_time = load_stat_keys(store, spec.name, result.parent)
         cache: dict[str, StatEntry] = {}
         if keys is None:
@@ -586,7 +585,6 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     assert result.listing is not None and result.transport is not None
     previous = result.parent_manifest
     result.files = len(result.listing.entries) or result.listing.rows_omitted
-    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent
     if _as_last_time(result) or (previous is not None and same_tree(previous, result.listing.entries)):
         result.unchanged_since = result.parent
         return None
@@ -616,7 +614,6 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).
     record = result.record = snapshot_record(store, result.transport, result.parent, records)
-    result.wire_bytes = result.transport.bytes_received + result.transport.bytes_sent  # the RECORD's too
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now,
                            extra_files={RECORD_PATH: record.data} if record and record.data is not None else None,

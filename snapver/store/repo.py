@@ -632,10 +632,6 @@ class Importer:
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
 
-    def has(self, oid: str) -> bool:
-        with self._lock:
-            return oid in self._written
-
     def written(self) -> frozenset[str]:
         """The blobs written so far (a copy: checking thousands, one lock, not one each)."""
         with self._lock:

@@ -753,8 +753,9 @@ def _first_unsafe(entries: list[StatEntry], roots: tuple[str, ...]) -> str | Non
 
 def _first_below_another(paths: list[str], listed: set[str]) -> str | None:
     # The folders above any path, from the few distinct parents: none listed is the rule.
+    # (A path without "/" gives a name that is no folder: a superset, and the exact pass decides.)
     folders = set()
-    for folder in {path[:path.rfind("/")] for path in paths}:  # a superset: "x" gives ""
+    for folder in {path[:path.rfind("/")] for path in paths}:
         while folder and folder not in folders:
             folders.add(folder)
             folder = folder[:max(folder.rfind("/"), 0)]
