@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from snapver.cli.app import STATE, app
 from snapver.cli.render import console, emit_json, escape, human_bytes
+
+if TYPE_CHECKING:
+    from snapver.config import Config, NodeSpec
+    from snapver.transport.connect import Starting
 
 
 @app.command()
@@ -26,17 +30,30 @@ def pull(
       snapver pull tp8 -m "before the attention fix"
       snapver pull --all
     """
-    from snapver.errors import RefError, UsageError
-    from snapver.ops.pull import NodePull, pull as pull_nodes
-    from snapver.store.refs import check_name, tag_ref
+    from snapver.errors import UsageError
+    from snapver.transport.connect import Starting
 
     config = STATE.config()
     specs = config.select(targets or [], all_nodes)
     if tag is not None:
+        from snapver.store.refs import check_name
+
         check_name("tag", tag)
         if len(specs) != 1:
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")
+    # Connecting begins now; the pull's own modules load and the store opens meanwhile.
+    with Starting(specs) as starting:
+        return _pull(config, specs, tag, message, json_out, starting)
+
+
+def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message: str, json_out: bool,
+          starting: "Starting") -> int:
+    """The pull itself, while ``starting`` connects to ``specs``."""
+    from snapver.errors import RefError
+    from snapver.ops.pull import NodePull, pull as pull_nodes
+    from snapver.store.refs import tag_ref
+
     store = STATE.store(config, create=True)
     if tag is not None:
         from snapver.store.team import TeamView
@@ -71,9 +88,9 @@ def pull(
                 bar.update(task, advance=size, files=bar.tasks[0].fields["files"] + files)
 
             result = pull_nodes(store, specs, tag, message, on_plan=plan, on_progress=progress,
-                                on_node_done=done)
+                                on_node_done=done, starting=starting)
     else:
-        result = pull_nodes(store, specs, tag, message, on_node_done=done)
+        result = pull_nodes(store, specs, tag, message, on_node_done=done, starting=starting)
     if json_out:
         emit_json({"nodes": [n.to_json() for n in result.nodes], "exit_code": result.exit_code})
     if result.compacting and err.is_terminal:  # a lock held for minutes: say who holds it

@@ -8,7 +8,10 @@ and Fabric cost ~150 ms of start-up).
 
 from __future__ import annotations
 
+import threading
+
 from snapver.config import NodeSpec
+from snapver.errors import TransportError
 from snapver.transport.base import Transport
 
 
@@ -32,3 +35,78 @@ def open_transport(spec: NodeSpec) -> Transport:
     from snapver.transport.ssh import SshTransport
 
     return SshTransport(spec, early=early)
+
+
+# A start is a TCP connection, sshd's banner and authentication, each bounded by the
+# node's connect_timeout, then the agent's session: a thread is waited for that long.
+START_TIMEOUTS = 4
+
+
+class Starting:
+    """Nodes' transports started (connected, their agents launched) each in a thread of
+    its own while the command goes on preparing: importing its operation, opening and
+    locking the store. Under the GIL that work runs while the connections wait on the
+    network and the nodes (key exchange, authentication, the node's shell): an unchanged
+    re-pull of torch starts listing ~40 ms sooner. A context manager: whatever was not
+    taken is closed on leaving (a thread still connecting closes its own when done).
+    """
+
+    def __init__(self, specs: list[NodeSpec]) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._started: dict[str, Transport | BaseException] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._timeouts = {spec.name: START_TIMEOUTS * spec.connect_timeout for spec in specs}
+        # Made here, not in the threads: the first one imports paramiko and Fabric (CPU
+        # that would only take turns with ours), and begins its TCP connection meanwhile.
+        transports = [(spec, open_transport(spec)) for spec in specs]
+        for spec, transport in transports:
+            thread = threading.Thread(target=self._start, args=(spec.name, transport), daemon=True,
+                                      name=f"snapver-start-{spec.name}")
+            self._threads[spec.name] = thread
+            thread.start()
+
+    def _start(self, name: str, transport: Transport) -> None:
+        try:
+            transport.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes it, raised there
+            with self._lock:
+                self._started[name] = exc
+            return
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._started[name] = transport
+        if closed:
+            transport.close()
+
+    def take(self, name: str) -> Transport:
+        """The started transport of node ``name`` (now the caller's to close), or what
+        starting it raised."""
+        timeout = self._timeouts[name]
+        self._threads[name].join(timeout)
+        with self._lock:
+            started = self._started.pop(name, None)
+        if started is None:
+            raise TransportError(f"{name}: did not answer within {timeout:g} s")
+        if isinstance(started, BaseException):
+            raise started
+        return started
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._threads
+
+    def close(self) -> None:
+        """Close the transports not taken; those still starting close when started."""
+        with self._lock:
+            self._closed = True
+            left = [t for t in self._started.values() if isinstance(t, Transport)]
+            self._started.clear()
+        for transport in left:
+            transport.close()
+
+    def __enter__(self) -> "Starting":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

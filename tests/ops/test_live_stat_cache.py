@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -17,22 +18,35 @@ from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
-from snapver.ops.pull import list_live, parse_stat_keys, stat_cache_path, stat_keys_path, stat_keys_text
+from snapver.ops.pull import (list_live, parse_stat_keys, read_stat_keys_file, stat_cache_path, stat_keys_path,
+                               stat_keys_text)
 from snapver.store.repo import Store
 from snapver.transport.connect import open_transport
 
 FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(20)}
 
 
+def _keys_file(store: Store) -> tuple[dict, str]:
+    """The keys file's header and its keys' JSON text (kept compressed)."""
+    header, packed = read_stat_keys_file(stat_keys_path(store, "ct200"))
+    return header, zlib.decompress(packed).decode("ascii")
+
+
+def _write_keys_file(store: Store, header: dict, text: str) -> None:
+    """Write keys as snapver does: the header line, then their JSON text compressed."""
+    data = json.dumps({**header, "zlib": 1}).encode() + b"\n" + zlib.compress(text.encode("ascii"))
+    stat_keys_path(store, "ct200").write_bytes(data)
+
+
 def _cached_ids(store: Store) -> dict[str, str]:
     """``{path: blob id}`` as the stat cache holds them: its ids, in the keys file's order."""
-    keys = parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(_keys_file(store)[1])
     return dict(zip(keys, json.loads(stat_cache_path(store, "ct200").read_text())["oids"]))
 
 
 def _forge_cached_id(store: Store, path: str, oid: str, time_shift: int = 0) -> None:
     """Write a wrong blob id for ``path`` into the stat cache (as a stale cache would hold)."""
-    keys = parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(_keys_file(store)[1])
     cache_file = stat_cache_path(store, "ct200")
     cache = json.loads(cache_file.read_text())
     cache["oids"][list(keys).index(path)] = oid
@@ -144,7 +158,7 @@ def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) 
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
     written = keys_file.read_bytes()
-    keys = parse_stat_keys(written.decode().split("\n", 1)[1])
+    keys = parse_stat_keys(_keys_file(store)[1])
     cache = json.loads(cache_file.read_text())
     rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
@@ -189,7 +203,7 @@ def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) 
     of the same listing, so that the next pull trusts them and hashes nothing."""
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
-    keys = parse_stat_keys(keys_file.read_text().split("\n", 1)[1])
+    keys = parse_stat_keys(_keys_file(store)[1])
     cache = json.loads(cache_file.read_text())
     rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
@@ -200,7 +214,7 @@ def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) 
     time.sleep(2.2)  # the touch (its ctime) older than the racy window of the next listing
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "unchanged since" in result.out, result
-    header = json.loads(keys_file.read_text().split("\n", 1)[0])
+    header, _ = _keys_file(store)
     assert header["now_ns"] == json.loads(cache_file.read_text())["now_ns"]
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 0
@@ -228,16 +242,15 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     store, trusted, full = _listing(config)
     assert trusted.hashed == 0 and full.hashed == len(TRICKY_NAMES) + 1
     assert {e.path: e.oid for e in trusted.entries} == {e.path: e.oid for e in full.entries}
-    assert set(parse_stat_keys(stat_keys_path(store, "ct200").read_text().split("\n", 1)[1])) == {
+    assert set(parse_stat_keys(_keys_file(store)[1])) == {
         e.path for e in full.entries}
     # A key that differs by its inode alone (as after a file is swapped for an older one):
     # that file, and only it, is hashed again. (A real edit also moves ctime, after the cache.)
-    keys_file = stat_keys_path(store, "ct200")
-    header, text = keys_file.read_text().split("\n", 1)
+    header, text = _keys_file(store)
     keys = parse_stat_keys(text)
     size, mtime, ctime, ino, mode = keys["sglang/srt/new\nline.py"]
     keys["sglang/srt/new\nline.py"] = (size, mtime, ctime, ino + 1, mode)
-    keys_file.write_text(header + "\n" + stat_keys_text((path, *key) for path, key in keys.items()))
+    _write_keys_file(store, header, stat_keys_text((path, *key) for path, key in keys.items()))
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 1
     for edited in ["sglang/srt/new\nline.py", "sglang/srt/1 2 3 4 5 looks like a key.py", os.fsdecode(not_utf8)]:
@@ -249,18 +262,44 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     assert trusted.hashed == 3
 
 
-def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
-    """Keys written as a JSON object of lists (before records) serve as they are: an
-    unchanged re-pull hashes nothing; the next snapshot's keys are records."""
+@pytest.mark.parametrize("form", ["object", "records"])
+def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled, form: str) -> None:
+    """Keys an older snapver wrote, as their JSON text not compressed (a JSON object of
+    lists before records, then records), serve as they are: an unchanged re-pull hashes
+    nothing; the next snapshot's keys are records, compressed."""
     config, site = pulled
     store = Store(load_config(str(config)).store_path)
     keys_file = stat_keys_path(store, "ct200")
-    header, text = keys_file.read_text().split("\n", 1)
-    assert text.startswith('"')
-    keys_file.write_text(header + "\n" + json.dumps(parse_stat_keys(text)))
+    header, text = _keys_file(store)
+    assert text.startswith('"') and header.pop("zlib") == 1
+    older = json.dumps(parse_stat_keys(text)) if form == "object" else text
+    keys_file.write_text(json.dumps(header) + "\n" + older)
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
     (site / "sglang/srt/m4.py").write_text("value = 44\n")
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "1 changed" in result.out, result
-    assert keys_file.read_text().split("\n", 1)[1].startswith('"')
+    header, text = _keys_file(store)
+    assert header["zlib"] == 1 and text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not JSON", "a list"])
+def test_damaged_stat_keys_are_no_keys(pulled, damage: str) -> None:
+    """Keys are sent to the node as the store holds them, compressed: keys damaged on disk
+    make the node hash every file (and the client trust no cached row), never fail a
+    command nor pass a file unseen."""
+    config, site = pulled
+    store = Store(load_config(str(config)).store_path)
+    keys_file = stat_keys_path(store, "ct200")
+    header, text = _keys_file(store)
+    if damage == "truncated":
+        data = keys_file.read_bytes()
+        keys_file.write_bytes(data[:len(data) - 20])
+    else:
+        _write_keys_file(store, header, "{not json" if damage == "not JSON" else json.dumps([1, 2]))
+    (site / "sglang/srt/m6.py").write_text("value = 66\n")
+    _, trusted, full = _listing(config)
+    assert trusted.hashed == len(FILES) == full.hashed
+    assert {e.path: e.oid for e in trusted.entries} == {e.path: e.oid for e in full.entries}
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
