@@ -262,25 +262,46 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     assert trusted.hashed == 3
 
 
-@pytest.mark.parametrize("form", ["object", "records"])
-def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled, form: str) -> None:
-    """Keys an older snapver wrote, as their JSON text not compressed (a JSON object of
-    lists before records, then records), serve as they are: an unchanged re-pull hashes
-    nothing; the next snapshot's keys are records, compressed."""
+def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
+    """Keys written as a JSON object of lists (before records) serve as they are: an
+    unchanged re-pull hashes nothing; the next snapshot's keys are records."""
     config, site = pulled
     store = Store(load_config(str(config)).store_path)
     keys_file = stat_keys_path(store, "ct200")
     header, text = _keys_file(store)
-    assert text.startswith('"') and header.pop("zlib") == 1
-    older = json.dumps(parse_stat_keys(text)) if form == "object" else text
-    keys_file.write_text(json.dumps(header) + "\n" + older)
+    assert text.startswith('"') and "zlib" not in header
+    keys_file.write_text(json.dumps(header) + "\n" + json.dumps(parse_stat_keys(text)))
     _, trusted, _ = _listing(config)
     assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
     (site / "sglang/srt/m4.py").write_text("value = 44\n")
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "1 changed" in result.out, result
     header, text = _keys_file(store)
-    assert header["zlib"] == 1 and text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
+    assert text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
+
+
+def test_the_first_repull_keeps_the_keys_compressed_as_it_sent_them(pulled) -> None:
+    """A pull writes its keys as text (a 16-node first pull does not compress 16 sets);
+    the first unchanged re-pull that sends them keeps them compressed, as sent, and the
+    next re-pulls send them as they are, trusted all the same."""
+    config, site = pulled
+    store = Store(load_config(str(config)).store_path)
+    keys_file = stat_keys_path(store, "ct200")
+    header, text = _keys_file(store)
+    assert "zlib" not in header and keys_file.read_bytes().split(b"\n", 1)[1] == text.encode()
+    for _ in range(2):
+        result = run_inproc("--config", config, "pull", "ct200")
+        assert result.code == 0 and "unchanged since" in result.out, result
+        kept, kept_text = _keys_file(store)
+        assert kept == {**header, "zlib": 1} and kept_text == text
+        assert zlib.decompress(keys_file.read_bytes().split(b"\n", 1)[1]).decode() == text
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
+    (site / "sglang/srt/m4.py").write_text("value = 44\n")
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
+    header, _ = _keys_file(store)
+    assert "zlib" not in header and header["commit"] != kept["commit"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not JSON", "a list"])
