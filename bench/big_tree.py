@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, print_table,  # noqa: E402
+from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, baseline_env, bench_env, interleave, print_table,  # noqa: E402
                     run, run_measured)
 
 TORCH_VERSION = "2.14.1"
@@ -177,6 +177,7 @@ class BigTree:
         self.tree = site_packages / TRACKED
         self.runs_dir = env.work / "runs"
         self.runs_dir.mkdir()
+        self.baseline: tuple[str, dict[str, str]] | None = None  # (revision, its env): --baseline
         self.peaks: dict[str, list[tuple[int, int]]] = {}  # case -> [(client KiB, agent KiB)] per run
         files = [p for p in self.tree.rglob("*") if p.is_file() and not p.is_symlink()]
         self.files = len(files)
@@ -194,9 +195,11 @@ class BigTree:
         self.env.write_config(folder, {NODE: node})
         return folder
 
-    def snapver(self, case: str, project: Path, *args: str, codes: tuple[int, ...] = (0,)) -> bytes:
-        """Run snapver (auto compaction off, as in suite.py) with client and agent peaks recorded."""
-        env = {**self.env.env(), "SNAPVER_AUTO_GC": "0"}
+    def snapver(self, case: str, project: Path, *args: str, codes: tuple[int, ...] = (0,),
+                env: dict[str, str] | None = None) -> bytes:
+        """Run snapver (auto compaction off, as in suite.py) with client and agent peaks recorded;
+        ``env``: another snapver's (``--baseline``)."""
+        env = {**(env or self.env.env()), "SNAPVER_AUTO_GC": "0"}
         with agent_peak(self.poll_agent) as agent:
             done, client_kib = run_measured([sys.executable, "-m", "snapver", *args], check=False,
                                             cwd=project, env=env)
@@ -255,21 +258,33 @@ def first_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
 
 
 def re_pull(bench: BigTree, runs: int) -> dict[str, list[float]]:
-    """Nothing changed: snapver pull vs an rsync -a re-run onto an up-to-date copy."""
+    """Nothing changed: snapver pull vs an rsync -a re-run onto an up-to-date copy (and the
+    snapver of ``--baseline``, its own store, in the same rounds)."""
     project = bench.project("re-pull")
     copy = bench.runs_dir / "rsync-copy"
     bench.snapver("setup", project, "pull", NODE)
     run(["rsync", "-a", f"{bench.tree}/", f"{copy}/"])
 
-    def pull(_round: int) -> None:
-        node = json.loads(bench.snapver("re-pull: snapver", project, "pull", "--json", NODE))["nodes"][0]
-        _expect("re-pull fetched", (node["fetched_files"], bool(node["unchanged_since"])), (0, True))
+    def puller(folder: Path, env: dict[str, str] | None) -> Callable[[int], None]:
+        def pull(_round: int) -> None:
+            node = json.loads(bench.snapver("re-pull: snapver", folder, "pull", "--json", NODE, env=env))["nodes"][0]
+            _expect("re-pull fetched", (node["fetched_files"], bool(node["unchanged_since"])), (0, True))
+
+        return pull
 
     def rsync(_round: int) -> None:
         _expect("rsync -a re-run sent", _itemized(bench.rsync("re-pull: rsync -a", "-a", "-i", bench.remote_tree(),
                                                               f"{copy}/")), [])
 
-    timings = interleave([Case("snapver", pull), Case("rsync -a", rsync)], runs)
+    pull = puller(project, None)
+    cases = [Case("snapver", pull), Case("rsync -a", rsync)]
+    if bench.baseline is not None:
+        revision, env = bench.baseline
+        base_project = bench.project("re-pull-baseline")
+        bench.snapver("setup", base_project, "pull", NODE, env=env)
+        cases.insert(1, Case(f"snapver ({revision})", puller(base_project, env)))
+        bench.synced.update(base_project=base_project)
+    timings = interleave(cases, runs)
     with polled(bench):
         pull(0)
     bench.synced.update(project=project, copy=copy)
@@ -282,15 +297,23 @@ def diff(bench: BigTree, runs: int) -> dict[str, list[float]]:
     bench.change_file()
     wanted = [CHANGED.split("/", 1)[1]]
 
-    def snapver_diff(_round: int) -> None:
-        _expect("snapver diff -q printed", bench.snapver("diff: snapver", project, "diff", "-q", NODE, codes=(1,)),
-                b"")
+    def differ(folder: Path, env: dict[str, str] | None) -> Callable[[int], None]:
+        def snapver_diff(_round: int) -> None:
+            _expect("snapver diff -q printed", bench.snapver("diff: snapver", folder, "diff", "-q", NODE, codes=(1,),
+                                                             env=env), b"")
+
+        return snapver_diff
 
     def rsync(_round: int) -> None:
         _expect("rsync -anc -i found", _itemized(bench.rsync("diff: rsync -anc -i", "-anc", "-i",
                                                              bench.remote_tree(), f"{copy}/")), wanted)
 
-    timings = interleave([Case("snapver", snapver_diff), Case("rsync -anc -i", rsync)], runs)
+    snapver_diff = differ(project, None)
+    cases = [Case("snapver", snapver_diff), Case("rsync -anc -i", rsync)]
+    if bench.baseline is not None:
+        revision, env = bench.baseline
+        cases.insert(1, Case(f"snapver ({revision})", differ(bench.synced["base_project"], env)))
+    timings = interleave(cases, runs)
     with polled(bench):
         snapver_diff(0)
     return timings
@@ -351,6 +374,11 @@ def report_peaks(bench: BigTree, cases: dict[str, str]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="timed rounds per scenario (default 3, +1 warm-up)")
+    parser.add_argument("--quick-runs", type=int, default=15,
+                        help="timed rounds of the sub-second scenarios, re-pull and diff (default 15: "
+                        "on a busy machine a few rounds of them tell noise)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time the snapver of git revision REV in the re-pull and diff rounds")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     part = parser.add_mutually_exclusive_group()
     part.add_argument("--skip-store", action="store_true", help="skip the compaction and store-size part")
@@ -363,19 +391,22 @@ def main() -> int:
     with bench_env(keep=args.keep, node_home=args.node_home) as env:
         site = build_torch_node(env, wheel)
         bench = BigTree(env, site)
+        if args.baseline:
+            bench.baseline = (args.baseline, baseline_env(env, args.baseline, env.env()))
         print(f"big tree: {wheel.name} {TRACKED}/, {bench.files} files, {bench.bytes / 1e9:.2f} GB; "
-              f"{args.runs} interleaved runs (+1 warm-up), medians; loopback sshd; "
+              f"{args.runs} interleaved runs (re-pull, diff: {args.quick_runs}) (+1 warm-up), medians; loopback sshd; "
               f"snapver at {_revision()}", flush=True)
         print(f"before: {uptime_before}", flush=True)
         ratios: dict[str, float] = {}
-        steps: list[tuple[str, Callable[[BigTree, int], dict[str, list[float]]], dict[str, str]]] = [
-            ("first pull (fresh store / fresh folder)", first_pull, {"snapver": "rsync -a"}),
-            ("unchanged re-pull", re_pull, {"snapver": "rsync -a"}),
-            ("one-file diff -q", diff, {"snapver": "rsync -anc -i"}),
+        base = {f"snapver ({args.baseline})": "snapver"} if args.baseline else {}
+        steps: list[tuple[str, Callable[[BigTree, int], dict[str, list[float]]], dict[str, str], int]] = [
+            ("first pull (fresh store / fresh folder)", first_pull, {"snapver": "rsync -a"}, args.runs),
+            ("unchanged re-pull", re_pull, {"snapver": "rsync -a", **base}, args.quick_runs),
+            ("one-file diff -q", diff, {"snapver": "rsync -anc -i", **base}, args.quick_runs),
         ]
-        for title, step, pairs in [] if args.store_only else steps:
+        for title, step, pairs, runs in [] if args.store_only else steps:
             print(f"[{title}] load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-            ratios.update({f"{title}: {k}": v for k, v in print_table(title, step(bench, args.runs), pairs).items()})
+            ratios.update({f"{title}: {k}": v for k, v in print_table(title, step(bench, runs), pairs).items()})
         if not args.store_only:
             report_peaks(bench, {"first pull: snapver": "first pull: snapver", "first pull: rsync -a":
                                  "first pull: rsync -a", "re-pull: snapver": "re-pull: snapver",

@@ -135,6 +135,17 @@ class BenchEnv:
         return f"root@{self.sshd.addresses[name]}:{path}"
 
 
+def baseline_env(env: BenchEnv, baseline: str, base: dict[str, str]) -> dict[str, str]:
+    """``base`` running the snapver of git revision ``baseline`` (``git archive``, compiled)."""
+    folder = env.work / "baseline"
+    folder.mkdir(exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", baseline, "snapver"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder / "snapver")], check=True)
+    return {**base, "PYTHONPATH": str(folder)}
+
+
 def run(command: Sequence[str], check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
     """Run a command with no stdin, capture its output, fail loudly (with it) if asked."""
     completed = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, **kwargs)

@@ -55,7 +55,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
+from common import BenchEnv, Case, add_node_home_option, baseline_env, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
@@ -208,17 +208,6 @@ def bench(env: BenchEnv, runs: int, baseline: str | None = None) -> dict[str, An
 
 
 STATUS_BAR = 1.2
-
-
-def baseline_env(env: BenchEnv, baseline: str, base: dict[str, str]) -> dict[str, str]:
-    """``base`` running the snapver of git revision ``baseline`` (``git archive``, compiled)."""
-    folder = env.work / "baseline"
-    folder.mkdir(exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline, "snapver"], capture_output=True,
-                             check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder / "snapver")], check=True)
-    return {**base, "PYTHONPATH": str(folder)}
 
 
 def bench_status(env: BenchEnv, runs: int, baseline: str | None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def diff(
       snapver diff ct200 ct129 -- sglang/srt/layers/attention
     """
     from snapver.errors import UsageError
-    from snapver.ops.diff import diff as run_diff
+    from snapver.transport.connect import Starting
 
     paths = ctx.meta.get(PATHS_KEY, [])
     if len(refs) > 2:
@@ -53,9 +53,16 @@ def diff(
     if sum((name_status, stat, quiet, json_out)) > 1:
         raise UsageError("choose one of --name-status, --stat, -q and --json")
     config = STATE.config()
-    store = _store_if_any(config)
-    result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                      contents=not (quiet or name_status or json_out), context=unified, checksum=checksum, root=root)
+    # Connecting to the nodes the refs name live begins now, while the diff's modules load
+    # and the store is read (the resolver decides; a connection it does not use is closed).
+    live = dict.fromkeys(node for node in map(_live_node_named, refs) if node in config.nodes)
+    with Starting([config.node(node) for node in live]) as starting:
+        from snapver.ops.diff import diff as run_diff
+
+        store = _store_if_any(config)
+        result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
+                          contents=not (quiet or name_status or json_out), context=unified, checksum=checksum,
+                          root=root, starting=starting)
     if not json_out and not quiet:
         _report_selection(result)
     if json_out:
@@ -71,6 +78,15 @@ def diff(
     if same and not (json_out or quiet):
         _identical(result)
     return result.exit_code
+
+
+def _live_node_named(ref: str) -> str:
+    """The node a ref reads live by its text alone: ``NODE@live``, or a bare name (which
+    is the live node unless a tag or patch has the name too: the resolver says)."""
+    node, at, rest = ref.rpartition("@")
+    if at:
+        return node if rest.lower() == "live" else ""
+    return ref if "/" not in ref and "~" not in ref and not ref.startswith(".") else ""
 
 
 COMPARED_LISTED = 10  # up to this many files compared are named on stderr

@@ -28,7 +28,7 @@ from snapver.refs import Resolver, TreeRef, tracked_paths
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport
-from snapver.transport.connect import open_transport
+from snapver.transport.connect import Starting, open_transport
 
 NULL_OID = "0" * 40
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
@@ -143,7 +143,8 @@ class DiffResult:
 # -- the operation ---------------------------------------------------------------------------
 
 def diff(store: Store | None, config: Config, a: str, b: str | None = None, paths: Sequence[str] = (),
-         contents: bool = False, context: int = 3, checksum: bool = False, root: str | None = None) -> DiffResult:
+         contents: bool = False, context: int = 3, checksum: bool = False, root: str | None = None,
+         starting: Starting | None = None) -> DiffResult:
     """Compare two trees; with one ref, a node's newest snapshot against its live tree.
 
     Args:
@@ -156,6 +157,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         context: lines of context in the unified diff.
         checksum: hash every live file on the node, ignoring what the last pull saw.
         root: where a folder ref's root sits below site-packages (``--root``), else matched.
+        starting: connections to live nodes the caller began (a node's is used if it is read live).
     """
     filters = normalize_paths(paths)
     resolver = Resolver(store, config, folder_root=root)
@@ -166,7 +168,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         ref_b = resolver.tree(b)
     sides: list[Side] = []
     try:
-        sides = _load_sides(store, config, [ref_a, ref_b], checksum)
+        sides = _load_sides(store, config, [ref_a, ref_b], checksum, starting)
         side_a, side_b = sides
         _scope_to_folders(side_a, side_b)
         changes = compare_manifests(side_a.manifest, side_b.manifest)
@@ -214,7 +216,8 @@ def _one_argument(store: Store | None, config: Config, resolver: Resolver,
     return ref, TreeRef(f"{node}@live", live_node=node)
 
 
-def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], checksum: bool = False) -> list[Side]:
+def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], checksum: bool = False,
+                starting: Starting | None = None) -> list[Side]:
     """Both sides' manifests, loaded in parallel: a live node hashes its files while the
     store is read (or while the other node hashes its own)."""
     sides = [Side(tree, Manifest()) for tree in trees]
@@ -223,7 +226,8 @@ def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], check
         try:
             if side.ref.is_live:
                 side.node = side.ref.live_node
-                side.transport = open_live(config, side.ref).start()
+                begun = starting.take(side.node) if starting is not None and side.node else None
+                side.transport = begun or open_live(config, side.ref).start()
                 # A folder has no stat cache in the store: it is hashed in full.
                 side.manifest = live_manifest(list_live(store if side.node else None, side.transport, checksum))
             else:

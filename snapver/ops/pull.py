@@ -475,10 +475,8 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
             cache, cache_time = load_stat_cache(store, spec.name, result.parent)
             result.keys_missing = bool(cache)
         result.cache_time = cache_time
-        if result.transport is None and starting is not None and spec.name in starting:
-            result.transport = starting.take(spec.name)
-        elif result.transport is None:
-            result.transport = open_transport(spec).start()
+        if result.transport is None:
+            result.transport = (starting and starting.take(spec.name)) or open_transport(spec).start()
         if first is not None:
             result.transport.info  # noqa: B018 - wait for the agent: is this node the first up?
             hash_on_node = not first.claim(spec.name)

@@ -237,10 +237,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
     """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
-        if starting is not None and spec.name in starting:
-            row.transport = starting.take(spec.name)
-        else:
-            row.transport = open_transport(spec).start()
+        row.transport = (starting and starting.take(spec.name)) or open_transport(spec).start()
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum)
         # The store is read while the node starts up and lists.
         snapshot_manifest = None

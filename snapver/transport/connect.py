@@ -56,6 +56,7 @@ class Starting:
         self._closed = False
         self._started: dict[str, Transport | BaseException] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._taken: set[str] = set()
         self._timeouts = {spec.name: START_TIMEOUTS * spec.connect_timeout for spec in specs}
         # Made here, not in the threads: the first one imports paramiko and Fabric (CPU
         # that would only take turns with ours), and begins its TCP connection meanwhile.
@@ -80,9 +81,13 @@ class Starting:
         if closed:
             transport.close()
 
-    def take(self, name: str) -> Transport:
+    def take(self, name: str) -> Transport | None:
         """The started transport of node ``name`` (now the caller's to close), or what
-        starting it raised."""
+        starting it raised; None if none was begun for it, or it was taken already."""
+        with self._lock:
+            if name not in self._threads or name in self._taken:
+                return None
+            self._taken.add(name)
         timeout = self._timeouts[name]
         self._threads[name].join(timeout)
         with self._lock:
@@ -92,9 +97,6 @@ class Starting:
         if isinstance(started, BaseException):
             raise started
         return started
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._threads
 
     def close(self) -> None:
         """Close the transports not taken; those still starting close when started."""

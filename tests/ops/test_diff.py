@@ -443,3 +443,21 @@ def test_file_diff_is_reusable_on_bytes() -> None:
     assert text.endswith(b"@@ -2 +2 @@\n-b\n+c\n")
     assert split_lines(b"a\r\nb\rc") == [b"a\r\n", b"b\rc"]
     assert split_lines(b"") == [] and split_lines(b"\n") == [b"\n"]
+
+
+def test_connections_begun_early_serve_each_live_side_once(pair) -> None:
+    """`diff` begins connecting to the nodes its refs name live before it reads the store:
+    a node read live on both sides gets a second connection of its own; a ref that turns
+    out not to be live (a tag that is also a node's name: ambiguous) fails as before, and
+    the connection begun for it is closed."""
+    config, site_a, _ = pair(BASE)
+    for args in (["ct200", "ct200@live"], ["ct200@LIVE", "ct200"]):
+        result = run_inproc("--config", config, "diff", "--name-status", *args)
+        assert (result.code, result.out, result.err) == (0, "", ""), (args, result)
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    (site_a / "sglang/srt/a.py").write_text("one\n")
+    result = run_inproc("--config", config, "diff", "--name-status", "ct200@latest", "ct200")
+    assert (result.code, result.out) == (1, "M\tsglang/srt/a.py\n"), result
+    assert run_inproc("--config", config, "tag", "ct129", "ct200@latest").code == 0
+    ambiguous = run_inproc("--config", config, "diff", "ct200", "ct129")
+    assert ambiguous.code == 2 and "ct129" in ambiguous.err and "Traceback" not in ambiguous.err, ambiguous

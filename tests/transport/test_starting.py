@@ -54,8 +54,9 @@ def local_spec(make_site_packages, write_config):
 
 def test_a_started_transport_is_handed_over_and_lists(local_spec) -> None:
     with Starting([local_spec]) as starting:
-        assert "n1" in starting and "n2" not in starting
+        assert starting.take("n2") is None  # none begun for it: the caller connects itself
         transport = starting.take("n1")
+        assert transport is not None and starting.take("n1") is None  # handed over once
     try:  # taken: leaving the block did not close it
         assert transport.is_open
         assert [e.path for e in transport.list_tree(want_oids=False).entries] == ["sglang/srt/a.py"]
@@ -93,6 +94,7 @@ def test_an_ssh_node_is_connected_before_it_is_taken(sshd, ssh_node, make_site_p
     spec = load_config(write_config({"ct200": ssh_node("ct200", site)})).node("ct200")
     with Starting([spec]) as starting:
         transport = starting.take("ct200")
+    assert transport is not None
     with transport:
         assert transport.info is not None and Path(transport.info.site_packages) == site
         assert [e.path for e in transport.list_tree(want_oids=False).entries] == ["sglang/srt/a.py"]
