@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import subprocess
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +139,24 @@ OLD = b"A" * (1 << 20) + b"# old\n"
 NEW = b"B" * (1 << 20) + b"# new version\n"
 
 
+REWRITER = """
+import os, sys, time
+path, stop, versions = sys.argv[1], sys.argv[2], sys.argv[3:]
+content, turn = [open(version, "rb").read() for version in versions], 0
+while not os.path.exists(stop):
+    burst_end = time.monotonic() + 0.3
+    while time.monotonic() < burst_end:
+        turn ^= 1
+        with open(path, "r+b") as handle:
+            handle.truncate(0)
+            data = content[turn]
+            for at in range(0, len(data), 1 << 16):
+                handle.write(data[at:at + (1 << 16)])
+                handle.flush()
+    time.sleep(0.3)
+"""
+
+
 def test_file_rewritten_while_read(make_site_packages, local_node, write_config, run_snapver, store) -> None:
     """A file rewritten in place, in a loop, during the pull: each snapshot holds it old or
     new, byte for byte — or the pull fails clearly and records nothing. (The agent reads
@@ -146,27 +164,17 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
     site = make_site_packages("busy", files={f"{SRT}/hot.py": OLD, f"{SRT}/calm.py": "calm\n"})
     hot = site / SRT / "hot.py"
     write_config({"busy": local_node(site)})
-    stop = threading.Event()
-
-    def rewrite() -> None:
-        # In place (truncate, then write in pieces), as `echo > file` or a careless editor
-        # does: bursts of rewrites, then a pause in which a read can find the file settled.
-        content = [OLD, NEW]
-        turn = 0
-        while not stop.is_set():
-            burst_end = time.monotonic() + 0.3
-            while time.monotonic() < burst_end:
-                turn ^= 1
-                with open(hot, "r+b") as handle:
-                    handle.truncate(0)
-                    data = content[turn]
-                    for at in range(0, len(data), 1 << 16):
-                        handle.write(data[at:at + (1 << 16)])
-                        handle.flush()
-            stop.wait(0.3)
-
-    writer = threading.Thread(target=rewrite, daemon=True)
-    writer.start()
+    stop = site.parent / "stop-rewriting"
+    # In place (truncate, then write in pieces), as `echo > file` or a careless editor does:
+    # bursts of rewrites, then a pause in which a read can find the file settled. A process
+    # of its own, ahead of the others (nice -10): a writer thread of this process, stalled
+    # on two busy cores for the agent's 100 ms settle time between its truncate and its
+    # write, left the file really empty that long, and a snapshot of it was no torn read.
+    versions = [site.parent / "old", site.parent / "new"]
+    for version, data in zip(versions, (OLD, NEW)):
+        version.write_bytes(data)
+    writer = subprocess.Popen([sys.executable, "-c", REWRITER, str(hot), str(stop), *map(str, versions)],
+                              preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, -10))
     outcomes = []
     try:
         for _ in range(3):
@@ -184,8 +192,8 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
                 assert "keeps changing while read" in result.out, result.out
                 assert all_refs(store) == before
     finally:
-        stop.set()
-        writer.join()
+        stop.touch()
+        writer.wait(timeout=30)
     assert_store_sound(store, run_snapver, all_refs(store))
 
 
