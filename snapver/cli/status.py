@@ -45,7 +45,8 @@ def status(
       snapver status --files -- sglang/srt/server_args.py
     """
     from snapver.errors import UsageError
-    from snapver.transport.connect import Starting
+    from snapver.ops.status import fleet_matrix
+    from snapver.ops.status import status as run_status
 
     paths = ctx.meta.get(PATHS_KEY, [])
     if paths and not files:
@@ -53,13 +54,8 @@ def status(
                          hint="add --files: snapver status --files -- sglang/srt/x.py")
     config = STATE.config()
     specs = config.select(targets or [], all_nodes=not targets)
-    # Connecting begins now; the status's own modules load and the store is read meanwhile.
-    with Starting(specs) as starting:
-        from snapver.ops.status import fleet_matrix
-        from snapver.ops.status import status as run_status
-
-        store = STATE.store(config) if (config.store_path / "HEAD").exists() else None
-        result = run_status(store, specs, checksum, config=config, against=against, starting=starting)
+    store = STATE.store(config) if (config.store_path / "HEAD").exists() else None
+    result = run_status(store, specs, checksum, config=config, against=against)
     if files:
         matrix = fleet_matrix(result, paths)
         if json_out:

@@ -36,7 +36,7 @@ from snapver.store import refs
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, Transport
-from snapver.transport.connect import Starting, open_transport
+from snapver.transport.connect import open_transport
 
 PRISTINE, PATCH, HOTFIX = "pristine", "patch", "hot-fix"
 
@@ -197,12 +197,11 @@ class StatusResult:
 
 
 def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, config: Config | None = None,
-           against: str | None = None, starting: Starting | None = None) -> StatusResult:
+           against: str | None = None) -> StatusResult:
     """The status of every node in ``specs``, connected to in parallel.
 
     ``checksum`` hashes every live file instead of trusting stats unchanged since the last pull.
     ``against`` (a ref, resolved with ``config``) replaces each node's RECORD as known-good.
-    ``starting``: the nodes' connections, begun by the caller before it got here.
     """
     reference = known_good_of(store, config, against) if against is not None else None
     view = TeamView(store) if store is not None else None  # every writer's, in a team store
@@ -215,7 +214,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
         try:
             records = SharedRecords()
             list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records,
-                                                                heads, starting),
+                                                                heads),
                           specs, rows))
             # RECORD hashes of the live blobs not seen before, from the store's copies:
             # once for the whole fleet (its nodes mostly hold the same files).
@@ -232,12 +231,11 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
 
 
 def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
-               checksum: bool, want_record: bool, records: SharedRecords, heads: dict[str, str],
-               starting: Starting | None = None) -> None:
+               checksum: bool, want_record: bool, records: SharedRecords, heads: dict[str, str]) -> None:
     """Connect, list, read the store meanwhile; then the RECORD, unless the node's tree is its
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
-        row.transport = (starting and starting.take(spec.name)) or open_transport(spec).start()
+        row.transport = open_transport(spec).start()
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum)
         # The store is read while the node starts up and lists.
         snapshot_manifest = None
