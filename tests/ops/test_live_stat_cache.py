@@ -262,6 +262,16 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     assert trusted.hashed == 3
 
 
+def _trusted_then_one_change(config: Path, site: Path, store: Store) -> tuple[dict, str]:
+    """Every key trusted (the node hashes nothing); then one edit pulled: its keys file."""
+    _, trusted, _ = _listing(config)
+    assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
+    (site / "sglang/srt/m4.py").write_text("value = 44\n")
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
+    return _keys_file(store)
+
+
 def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
     """Keys written as a JSON object of lists (before records) serve as they are: an
     unchanged re-pull hashes nothing; the next snapshot's keys are records."""
@@ -271,12 +281,7 @@ def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
     header, text = _keys_file(store)
     assert text.startswith('"') and "zlib" not in header
     keys_file.write_text(json.dumps(header) + "\n" + json.dumps(parse_stat_keys(text)))
-    _, trusted, _ = _listing(config)
-    assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
-    (site / "sglang/srt/m4.py").write_text("value = 44\n")
-    result = run_inproc("--config", config, "pull", "ct200")
-    assert result.code == 0 and "1 changed" in result.out, result
-    header, text = _keys_file(store)
+    header, text = _trusted_then_one_change(config, site, store)
     assert text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
 
 
@@ -295,12 +300,7 @@ def test_the_first_repull_keeps_the_keys_compressed_as_it_sent_them(pulled) -> N
         kept, kept_text = _keys_file(store)
         assert kept == {**header, "zlib": 1} and kept_text == text
         assert zlib.decompress(keys_file.read_bytes().split(b"\n", 1)[1]).decode() == text
-    _, trusted, _ = _listing(config)
-    assert trusted.hashed == 0 and len(trusted.entries) == len(FILES)
-    (site / "sglang/srt/m4.py").write_text("value = 44\n")
-    result = run_inproc("--config", config, "pull", "ct200")
-    assert result.code == 0 and "1 changed" in result.out, result
-    header, _ = _keys_file(store)
+    header, _ = _trusted_then_one_change(config, site, store)
     assert "zlib" not in header and header["commit"] != kept["commit"]
 
 
