@@ -57,7 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import BenchEnv, Case, add_node_home_option, baseline_env, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
 # Issue 15's bars for the fleet pull against one node's: the client's own CPU (user + sys of

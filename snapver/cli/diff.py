@@ -81,12 +81,11 @@ def diff(
 
 
 def _live_node_named(ref: str) -> str:
-    """The node a ref reads live by its text alone: ``NODE@live``, or a bare name (which
-    is the live node unless a tag or patch has the name too: the resolver says)."""
+    """The node a ref may read live, by its text alone: NODE of ``NODE@live``, else the ref
+    itself (kept if it names a node). A guess: the resolver decides (a tag or patch of
+    the same name, a folder), and a connection begun for nothing is closed unused."""
     node, at, rest = ref.rpartition("@")
-    if at:
-        return node if rest.lower() == "live" else ""
-    return ref if "/" not in ref and "~" not in ref and not ref.startswith(".") else ""
+    return node if at and rest.lower() == "live" else ref
 
 
 COMPARED_LISTED = 10  # up to this many files compared are named on stderr

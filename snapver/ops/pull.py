@@ -159,12 +159,18 @@ def read_stat_keys_file(path: Path) -> tuple[dict[str, Any], bytes]:
     compressed with zlib (as the node is sent them). A file with no ``zlib`` in its header
     holds the text as it is (as a pull writes them, and older snapvers did): it is
     compressed here."""
+    header, data = _read_keys_file(path)
+    return header, data if header.get("zlib") else zlib.compress(data, 1)
+
+
+def _read_keys_file(path: Path, header_only: bool = False) -> tuple[dict[str, Any], bytes]:
+    """A keys file's header and the rest of it as it is on disk (nothing with ``header_only``)."""
     with open(path, "rb") as handle:
         header = json.loads(handle.readline())
-        data = handle.read()
+        data = b"" if header_only else handle.read()
     if not isinstance(header, dict):
         raise ValueError("the keys file's header is not a JSON object")
-    return header, data if header.get("zlib") else zlib.compress(data, 1)
+    return header, data
 
 
 def _read_stat_keys(store: Store, node: str, head: str | None
@@ -174,19 +180,23 @@ def _read_stat_keys(store: Store, node: str, head: str | None
     if head is None:
         return None
     try:
-        header, packed = read_stat_keys_file(stat_keys_path(store, node))
+        header, data = _read_keys_file(stat_keys_path(store, node))
+        packed = header.get("zlib")
         files = header.get("files")
         files = files if isinstance(files, int) and not isinstance(files, bool) else None
-        if header["commit"] != head or files == 0 or (files is None and _no_keys(packed)):  # no files: no delta
+        if header["commit"] != head or files == 0:  # no files: no delta
             return None
-        return packed, int(header["now_ns"]), files, None if header.get("zlib") else header
+        if files is None and _no_keys(zlib.decompress(data) if packed else data):  # an older file, uncounted
+            return None
+        if packed:
+            return data, int(header["now_ns"]), files, None
+        return zlib.compress(data, 1), int(header["now_ns"]), files, header
     except (OSError, ValueError, KeyError, TypeError, zlib.error):
         return None
 
 
-def _no_keys(packed: bytes) -> bool:
+def _no_keys(text: bytes) -> bool:
     """True for keys that name no file, or are not a JSON string or object (an older file)."""
-    text = zlib.decompress(packed)
     return not text.startswith((b'"', b"{")) or text in (b'""', b"{}")
 
 
@@ -195,8 +205,9 @@ def load_stat_cache(store: Store, node: str, head: str | None,
     """The node's last listing, trusted only if it belongs to the snapshot at the tip.
 
     The cache holds the listing's blob ids, in the order of its stat keys (``keys``: their
-    text and time, else read from the keys file); both must be of the same listing (same
-    commit and time). A cache an older snapver wrote holds whole rows instead.
+    text and time, as ``load_stat_keys`` found them; None when it found none, and then
+    only such a cache serves); both must be of the same listing (same commit and time). A
+    cache an older snapver wrote holds whole rows instead.
     """
     path = stat_cache_path(store, node)
     try:
@@ -207,9 +218,6 @@ def load_stat_cache(store: Store, node: str, head: str | None,
         if "entries" in data:  # written before the cache held only blob ids
             return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5])
                     for p, v in data["entries"].items()}, now_ns
-        if keys is None:
-            found = _read_stat_keys(store, node, head)
-            keys = (zlib.decompress(found[0]).decode("ascii"), found[1]) if found else None
         oids = data["oids"]
         if keys is None or keys[1] != now_ns:
             return {}, 0
@@ -218,7 +226,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
             return {}, 0
         return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], oid)
                 for (p, v), oid in zip(rows.items(), oids)}, now_ns
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, zlib.error):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return {}, 0
 
 
@@ -277,7 +285,7 @@ def keep_stat_keys_packed(store: Store, node: str, keys: StatKeys) -> None:
         return
     path = stat_keys_path(store, node)
     try:
-        header, _ = read_stat_keys_file(path)
+        header, _ = _read_keys_file(path, header_only=True)
     except (OSError, ValueError):
         return
     if header == keys.header:  # still that file (under the store lock, no other pull writes it)

@@ -485,25 +485,24 @@ class Store:
 
     def refs(self, prefix: str) -> dict[str, str]:
         """``{name below prefix: commit}`` for every ref under ``prefix``."""
-        out = self.git("for-each-ref", "--format=%(refname) %(objectname) %(*objectname)", prefix)
-        found = {}
-        for line in out.decode().splitlines():
-            name, oid, peeled = (line.split(" ") + [""])[:3]
-            found[name[len(prefix):]] = peeled or oid
-        return found
+        return {name[len(prefix):]: peeled or oid for name, _kind, oid, _peeled_kind, peeled in self._ref_rows(prefix)}
 
     def heads(self, prefix: str) -> dict[str, str]:
         """``{full ref name: commit}`` of the refs under ``prefix`` that name a commit: what
         ``ref`` gives for each, from one git (a 16-node pull started 16)."""
-        out = self.git("for-each-ref", "--format=%(objecttype) %(objectname) %(*objecttype) %(*objectname) %(refname)",
-                       prefix)
         found = {}
-        for line in out.decode().splitlines():
-            kind, oid, peeled_kind, peeled, name = line.split(" ", 4)
+        for name, kind, oid, peeled_kind, peeled in self._ref_rows(prefix):
             if kind == "commit" or peeled_kind == "commit":  # a tag object peeled, as ^{commit} does
                 found[name] = oid if kind == "commit" else peeled
         self._present.update(found.values())
         return found
+
+    def _ref_rows(self, prefix: str) -> list[tuple[str, str, str, str, str]]:
+        """(name, object type, object, peeled type, peeled object) of each ref under ``prefix``,
+        from one ``for-each-ref`` (the peeled ones empty but for annotated tags)."""
+        out = self.git("for-each-ref", "--format=%(refname) %(objecttype) %(objectname) %(*objecttype) %(*objectname)",
+                       prefix)
+        return [tuple(line.split(" ", 4)) for line in out.decode().splitlines()]  # type: ignore[misc]
 
     def update_ref(self, name: str, new: str, old: str | None = None) -> None:
         args = ["update-ref", name, new] + ([old] if old is not None else [])

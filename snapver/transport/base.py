@@ -382,16 +382,9 @@ class Transport(ABC):
         compressed with zlib as the store keeps it (torch's 12,016 keys: 1.5 MB of text,
         ~11 ms of client CPU to compress again on every re-pull)."""
         args.setdefault("site_packages", self.spec.site_packages)
-        if self._channel is None:
-            raise TransportError(f"{self.spec.name}: not connected")
         head = json.dumps({"op": op, **args, "cache_frame": True}, ensure_ascii=True, separators=(",", ":"))
         data = head.encode("ascii")
-        try:
-            self._channel.stdin.write(struct.pack(">I", len(data)) + data + struct.pack(">I", len(keys)) + keys)
-            self._channel.stdin.flush()
-        except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
-            raise self._dead(exc) from exc
-        self.bytes_sent += len(data) + len(keys) + 8
+        self._write_frames(struct.pack(">I", len(data)) + data + struct.pack(">I", len(keys)) + keys)
         return self._awaiting_reply()
 
     def _reply(self) -> dict[str, Any]:
@@ -414,18 +407,22 @@ class Transport(ABC):
 
     def _send_data(self, data: bytes) -> None:
         """Send one request's JSON text (compressed when large)."""
-        if self._channel is None:
-            raise TransportError(f"{self.spec.name}: not connected")
         size = len(data)
         if size > SQUEEZE_OVER:  # a listing's cache: ~4x smaller (see the agent's docstring)
             data = zlib.compress(data, 1)
             size = len(data) | SQUEEZED
+        self._write_frames(struct.pack(">I", size) + data)
+
+    def _write_frames(self, frames: bytes) -> None:
+        """Write whole frames to the agent at once, and flush them."""
+        if self._channel is None:
+            raise TransportError(f"{self.spec.name}: not connected")
         try:
-            self._channel.stdin.write(struct.pack(">I", size) + data)
+            self._channel.stdin.write(frames)
             self._channel.stdin.flush()
         except (OSError, EOFError) as exc:  # paramiko raises EOFError on a dropped connection
             raise self._dead(exc) from exc
-        self.bytes_sent += len(data) + 4
+        self.bytes_sent += len(frames)
 
     def send_stream(self, chunks: Iterator[bytes], abortable: bool = True) -> None:
         """Send a run of frames ended by an empty one (for writes). After an interrupt the
