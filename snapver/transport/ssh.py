@@ -16,6 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from snapver.transport import deferred
+
+deferred.defer("invoke.vendor.yaml")  # before paramiko and Fabric import Invoke
+
 import paramiko
 from fabric import Config, Connection
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
