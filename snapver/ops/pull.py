@@ -188,6 +188,12 @@ def _read_stat_keys(store: Store, node: str, head: str | None
             return None
         if files is None and _no_keys(zlib.decompress(data) if packed else data):  # an older file, uncounted
             return None
+        # The count serves to call the tree unchanged from the node's counts alone, which
+        # holds only if the snapshot had nothing but files: its links and special files are
+        # listed again at every pull, so one whose links were all removed since would look
+        # unchanged (keys from before "others" was counted: never called so).
+        if header.get("others") != 0:
+            files = None
         if packed:
             return data, int(header["now_ns"]), files, None
         return zlib.compress(data, 1), int(header["now_ns"]), files, header
@@ -260,7 +266,7 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     files = [e for e in listing.entries if e.kind == "f"]
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
-    save_stat_keys(store, node, commit, listing.now_ns, files)
+    save_stat_keys(store, node, commit, listing.now_ns, listing.entries)
     tmp = path.with_suffix(".tmp")
     # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
     tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
@@ -268,10 +274,12 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     os.replace(tmp, path)
 
 
-def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry]) -> None:
-    """Write the stat keys of a listing's ``files`` (its regular files), made at ``now_ns``."""
+def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, entries: list[StatEntry]) -> None:
+    """Write the stat keys of a listing's regular files, made at ``now_ns``; the header
+    also counts its other entries (links, special files), which have no keys."""
     path = stat_keys_path(store, node)
-    header = {"commit": commit, "now_ns": now_ns, "files": len(files)}
+    files = [e for e in entries if e.kind == "f"]
+    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": len(entries) - len(files)}
     text = stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
     # As text: compressed by the first pull that sends them (which then keeps them so, see
     # keep_stat_keys_packed), not by every pull that writes them (a 16-node first pull: 16x).
@@ -410,8 +418,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 if head and not (result.listing.as_cached and head == result.parent):
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
-                    save_stat_keys(store, result.node, head, result.cache_time,
-                                   [e for e in result.listing.entries if e.kind == "f"])
+                    save_stat_keys(store, result.node, head, result.cache_time, result.listing.entries)
                 elif head and result.keys is not None:
                     keep_stat_keys_packed(store, result.node, result.keys)
                 if result.snapshot and result.record is not None:

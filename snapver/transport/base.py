@@ -95,7 +95,7 @@ class StatKeys:
 
     packed: bytes
     read_cache: Callable[[], dict[str, StatEntry] | None]
-    files: int | None = None  # how many files the keys name (None: not recorded with them)
+    files: int | None = None  # how many files the keys name, if the snapshot has nothing else (else None)
     header: dict[str, Any] | None = None  # their file's header, when the file holds them as text
 
 

@@ -197,6 +197,36 @@ def test_a_repull_against_stat_keys_records_what_no_cached_row_shows(ssh_pulled,
     assert show.out.strip() == wanted, show
 
 
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+@pytest.mark.parametrize("other", ["link", "fifo"])
+def test_the_last_link_removed_is_a_change_though_every_file_is_unchanged(
+        sshd, make_site_packages, ssh_node, local_node, tmp_path: Path, transport: str, other: str) -> None:
+    """Links and special files have no stat keys and are listed at every pull: a node
+    whose files all match their keys and that lists nothing else has not "the tree of
+    its last snapshot" if that snapshot had a link. (It said "unchanged", so a push
+    recorded a stale "before" tree, and its rollback made the removed link again.)"""
+    site = make_site_packages("ct200", files=FILES)
+    other_path = site / "sglang/srt/other"
+    if other == "link":
+        other_path.symlink_to("m1.py")
+    else:
+        os.mkfifo(other_path)
+    time.sleep(2.2)  # older than the racy window, so the pull's stats are trusted
+    node = ssh_node("ct200", site) if transport == "ssh" else local_node(site)
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")}, "nodes": {"ct200": node}}))
+    for _ in range(2):
+        assert run_inproc("--config", config, "pull", "ct200").code == 0
+    other_path.unlink()
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "snapshot" in result.out and "unchanged" not in result.out, result
+    show = run_inproc("--config", config, "diff", "--name-status", "ct200@latest~1", "ct200@latest")
+    assert show.out.strip() == "D\tsglang/srt/other", show
+    result = run_inproc("--config", config, "pull", "ct200")  # files alone now: the shortcut serves again
+    assert result.code == 0 and "unchanged since" in result.out, result
+    assert _keys_file(Store(load_config(str(config)).store_path))[0]["others"] == 0
+
+
 def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) -> None:
     """A cache an older snapver wrote (no keys file) that the node does not find exactly as
     it was (a file touched, same content: no new snapshot) is written anew, keys and ids
