@@ -254,11 +254,18 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Option
     return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "\n" for row in cells)
 
 
+# A byte of a name that is not UTF-8, as paths hold it (surrogateescape).
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
 def emit_json(document: Any) -> None:
-    """One JSON document on stdout (never through a pager)."""
+    """One JSON document on stdout (never through a pager), in UTF-8: a byte of a name that is
+    not UTF-8 is written as the escape of its surrogate (``\\udcff``), which Python's ``json``
+    reads back as it was (``os.fsencode`` gives the name's bytes), not as the raw byte."""
     if isinstance(sys.stdout, HeldOutput):
         sys.stdout.unpaged = True
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+    text = json.dumps(document, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write(_UNDECODED.sub(lambda found: f"\\u{ord(found.group()):04x}", text) + "\n")
 
 
 def human_bytes(count: float) -> str:

@@ -111,3 +111,30 @@ def test_file_names_with_control_characters_are_quoted_everywhere(make_site_pack
                              "refs/heads/nodes/n1", "--", SRT], capture_output=True, text=True,
                             check=True).stdout
     assert by_git.splitlines() == [f"M\t{quoted_esc}", f"M\t{quoted_newline}"]
+
+
+def test_json_output_is_utf8_and_gives_back_the_bytes_of_a_name_that_is_not(make_site_packages, local_node,
+                                                                              write_config) -> None:
+    """A file name that is not UTF-8 (bytes a Linux name may hold) is written into JSON as
+    the escape of its surrogate (``\\udcff``), as Python's ``json`` gives it back: the document
+    stays UTF-8 (it carried the raw byte, which jq and strict decoders reject), and
+    ``os.fsencode`` of the parsed name is the file's name, byte for byte."""
+    import json
+    import os
+    import sys
+
+    site = make_site_packages("n1", files={f"{SRT}/a.py": "a = 1\n"})
+    write_config({"n1": local_node(site)})
+    assert run_inproc("pull", "n1").code == 0
+    name = os.fsencode(site / SRT) + b"/bad\xff \xc3\xa9.py"
+    Path(os.fsdecode(name)).write_text("b = 1\n")
+    for command in (["diff", "n1", "--json"], ["status", "n1", "--json"]):
+        done = subprocess.run([sys.executable, "-m", "snapver", *command], capture_output=True, timeout=120)
+        assert done.returncode == 1, done
+        text = done.stdout.decode("utf-8")  # strict: raises on a raw \xff
+        assert "\\udcff" in text and "é" in text  # only the undecodable byte is escaped
+        found = json.dumps(json.loads(text))
+        assert "bad\\udcff \\u00e9.py" in found, (command, text)
+    changes = json.loads(subprocess.run([sys.executable, "-m", "snapver", "diff", "n1", "--json"],
+                                        capture_output=True).stdout)["changes"]
+    assert [os.fsencode(c["path"]) for c in changes] == [f"{SRT}/".encode() + b"bad\xff \xc3\xa9.py"]
