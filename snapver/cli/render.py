@@ -6,6 +6,7 @@ without importing rich (~30 ms of start-up), and hands rich whatever it is unsur
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -36,10 +37,26 @@ def console(stderr: bool = False) -> Union[Console, PlainConsole]:
 
 def rich_console(stderr: bool, width: Optional[int], no_color: bool,
                  force_terminal: Optional[bool] = None) -> Console:
+    return _console_class()(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
+                            force_terminal=force_terminal)
+
+
+@functools.cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
-    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
-                   force_terminal=force_terminal)
+    class QuietPipeConsole(Console):
+        """rich's Console, ending quietly with 0 when stdout's reader has gone, as
+        ``PlainConsole.write`` does (rich's own handler exits 1: "differences found")."""
+
+        def on_broken_pipe(self) -> None:
+            if self.stderr:
+                super().on_broken_pipe()
+            self.quiet = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0)
+
+    return QuietPipeConsole
 
 
 def _rich_may_colour() -> bool:

@@ -413,17 +413,19 @@ def test_every_help_has_examples_and_one_spelling_of_arguments(run_snapver) -> N
 def test_a_reader_that_goes_away_ends_a_read_only_command_quietly(make_site_packages, local_node, write_config,
                                                                    run_snapver) -> None:
     """`snapver log | true` (the reader closed before we wrote): exit 0 and nothing on stderr,
-    not 1 (which means "differences found")."""
+    not 1 (which means "differences found") — also where rich prints (with FORCE_COLOR,
+    or a line rich must render: `show | head -1` reached rich's own handler, which exits 1)."""
     site = make_site_packages("n", files={"sglang/srt/a.py": "a = 1\n"})
     write_config({"n": local_node(site)})
     assert run_snapver("pull", "n").code == 0
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # the reader is gone before snapver writes a byte
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-m", "snapver", "log"], stdout=write_end, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, env=env, timeout=60)
-    os.close(write_end)
-    assert done.returncode == 0 and done.stderr == b"", done
+    for command, colour in [(c, f) for c in (["log"], ["show", "n"], ["nodes"]) for f in ({}, {"FORCE_COLOR": "1"})]:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before snapver writes a byte
+        done = subprocess.run([sys.executable, "-m", "snapver", *command], stdout=write_end, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env={**env, **colour}, timeout=60)
+        os.close(write_end)
+        assert done.returncode == 0 and done.stderr == b"", (command, colour, done)
 
 
 def test_init_makes_the_config_named_by_flag_or_environment(run_snapver, tmp_path) -> None:
