@@ -233,7 +233,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
         _check_keys(table, set(_NODE_KEYS), prefix, fail)
         _check_types(table, prefix, fail)
         merged = {**defaults, **table}
-        nodes[name] = _node_spec(name, merged, prefix, fail)
+        nodes[name] = _node_spec(name, merged, prefix, fail, path.resolve().parent)
 
     groups: dict[str, tuple[str, ...]] = {}
     for name, members in _table(data, "groups", fail).items():
@@ -259,8 +259,19 @@ def _remote_location(remote: str, config_path: Path) -> str:
     return os.path.normpath(location if location.is_absolute() else config_path.resolve().parent / location)
 
 
-def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any) -> NodeSpec:
+def _local_path(value: str | None, folder: Path, command: bool = False) -> str | None:
+    """A local node's path as the store's is read: ``~`` expanded, relative to the config's
+    folder (not to wherever snapver runs); a ``command`` named bare (``python3``) stays one."""
+    if not value or (command and "/" not in value and not value.startswith("~")):
+        return value
+    return os.path.normpath(Path(folder, os.path.expanduser(value)))
+
+
+def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder: Path) -> NodeSpec:
     local = bool(merged.get("local", False))
+    if local:  # a path on a node is the node's to read (its home, its working folder)
+        merged = {**merged, "site_packages": _local_path(merged.get("site_packages"), folder),
+                  "python": _local_path(merged.get("python"), folder, command=True)}
     if not merged.get("site_packages") and not merged.get("python"):
         raise fail(prefix.rstrip("."), "needs site_packages or python")
     if not local and not merged.get("host"):

@@ -106,6 +106,33 @@ def test_store_path_is_relative_to_the_config_file(write_config, tmp_path: Path)
     assert load_config(str(path)).store_path == (tmp_path / "none" / "snapshots").resolve()
 
 
+def test_a_local_nodes_paths_are_relative_to_the_config_file(write_config, tmp_path: Path, monkeypatch) -> None:
+    """A local node's site_packages (and python) are read as the store path is: ``~``
+    expanded, relative to the config's folder; an SSH node's are the node's own."""
+    from snapver_inproc import run_inproc
+
+    site = tmp_path / "proj" / "sp" / "sglang" / "srt"
+    site.mkdir(parents=True)
+    (site / "a.py").write_text("a = 1\n")
+    (tmp_path / "proj" / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "proj" / "venv" / "bin" / "python").symlink_to(sys.executable)
+    local = {"local": True, "site_packages": "sp", "python": "venv/bin/python"}
+    path = write_config({"a": local, "h": {"local": True, "site_packages": "~/sp", "python": "python3"},
+                         "r": _node(site_packages="sp")}, where=tmp_path / "proj")
+    monkeypatch.setenv("HOME", str(tmp_path / "proj"))
+    config = load_config(str(path))
+    assert config.node("a").site_packages == str(tmp_path / "proj" / "sp")
+    assert config.node("a").python == str(tmp_path / "proj" / "venv" / "bin" / "python")
+    assert (config.node("h").site_packages, config.node("h").python) == (str(tmp_path / "proj" / "sp"), "python3")
+    assert config.node("r").site_packages == "sp"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for node in ("a", "h"):  # `a: sp: no such site-packages directory`, exit 3, before
+        result = run_inproc("--config", str(path), "pull", node)
+        assert result.code == 0 and "1 files" in result.out, result
+
+
 # --------------------------------------------------------------------------- groups and selection
 
 
