@@ -60,9 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         print("snapver: interrupted" if interrupt.requested() else "snapver: aborted", file=sys.stderr)
         sys.exit(interrupt.exit_code())
     except ClickException as exc:  # a usage error: one line and a hint, as every other error
-        print(f"snapver: error: {exc.format_message()}", file=sys.stderr)
-        context = getattr(exc, "ctx", None)
-        print(f"hint: see `{context.command_path if context else 'snapver'} --help`", file=sys.stderr)
+        message = exc.format_message()
+        if message:  # none after the help a bare `snapver` (or `snapver patch`) shows instead
+            print(f"snapver: error: {message}", file=sys.stderr)
+            context = getattr(exc, "ctx", None)
+            print(f"hint: see `{context.command_path if context else 'snapver'} --help`", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("snapver: interrupted", file=sys.stderr)

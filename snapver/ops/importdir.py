@@ -30,13 +30,13 @@ from snapver.errors import RefError, UsageError
 from snapver.model import Entry, Manifest
 from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_tag_name
-from snapver.refs import FolderTree, resolve_folder, tracked_paths
+from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
 from snapver.store.repo import Store, blob_oid, format_message
 from snapver.store.team import writer_of
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
-DATE_FORM = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
+DATE_FORM = "YYYY-MM-DD, YYYY-MM-DDTHH:MM (local time) or may22"
 
 
 @dataclass
@@ -70,10 +70,14 @@ def parse_import_date(text: str, now: datetime | None = None) -> datetime:
     """``--date`` as an aware local moment (a day alone: its start); exit 2 when it is not
     a date of that form, or is in the future."""
     now = now or datetime.now(timezone.utc)
+    spoken = None if _DATE.match(text.strip()) else parse_day(text.strip(), now.astimezone().date())
     try:
-        if not _DATE.match(text.strip()):
+        if spoken is not None:  # may22, as refs name the day (its start)
+            moment = datetime.combine(spoken, datetime.min.time()).astimezone()
+        elif not _DATE.match(text.strip()):
             raise ValueError(text)
-        moment = datetime.fromisoformat(text.strip()).astimezone()
+        else:
+            moment = datetime.fromisoformat(text.strip()).astimezone()
     except (ValueError, OverflowError):
         raise UsageError(f"--date {text!r} is not a date", hint=f"say {DATE_FORM}") from None
     if moment > now:

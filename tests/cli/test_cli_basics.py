@@ -70,8 +70,9 @@ def test_version_and_help(run_snapver) -> None:
     helped = ok(run_snapver("--help")).out
     for command in ("init", "nodes", "pull", "log", "show", "fsck"):
         assert re.search(rf"^\W*{command}\b", helped, re.MULTILINE), helped
-    bare = run_snapver()  # no arguments: the help, never a traceback
+    bare = run_snapver()  # no arguments: the help, never a traceback (nor an empty "snapver: error: ")
     assert bare.code in (0, 2) and "Commands" in bare.out + bare.err and "Traceback" not in bare.err
+    assert "snapver: error:" not in bare.err, bare.err
     # A usage error is one line and a hint, like every other error (not click's Usage:/Error: form).
     wrong = run_snapver("diff", "--bogus")
     assert wrong.code == 2 and wrong.err.splitlines() == ["snapver: error: No such option: --bogus",

@@ -139,6 +139,18 @@ def test_import_newer_than_the_head_moves_it_and_a_new_name_is_an_archive(story:
     assert not git("for-each-ref", "refs/heads/imports/")
 
 
+def test_a_spoken_date_dates_the_import_as_refs_read_it(story: dict) -> None:
+    """``--date may22`` names the day ``ct200@may22`` finds (was: "not a date", exit 2)."""
+    from snapver.refs import parse_day
+
+    day = parse_day("may22")
+    result = run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "may22")
+    assert result.code == 0, result.err
+    assert f"dated {day:%Y-%m-%d} 00:00 (--date)" in result.out, result.out
+    found = run_inproc("show", "ct200@may22", WORKER)
+    assert found.code == 0 and found.out == FIXED_TEXT, found
+
+
 def test_bad_input_exits_2_and_writes_nothing(story: dict, tmp_path: Path) -> None:
     (tmp_path / "nothing-tracked").mkdir()
     (tmp_path / "nothing-tracked" / "README").write_text("no python\n")
@@ -149,6 +161,7 @@ def test_bad_input_exits_2_and_writes_nothing(story: dict, tmp_path: Path) -> No
         ((folder, "--node", "ct200", "--date", "2099-01-01"), "--date '2099-01-01' is in the future"),
         ((folder, "--node", "ct200", "--date", "yesterday"), "--date 'yesterday' is not a date"),
         ((folder, "--node", "ct200", "--date", "2026-13-01"), "--date '2026-13-01' is not a date"),
+        ((folder, "--node", "ct200", "--date", "feb30"), "--date 'feb30' is not a date"),
         (("./missing", "--node", "ct200"), "no such folder: ./missing"),
         ((str(tmp_path / "nothing-tracked"), "--node", "ct200"), "holds none of the tracked paths"),
         ((folder, "--node", "bad name"), "invalid node name 'bad name'"),
