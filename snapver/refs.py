@@ -7,7 +7,8 @@ Forms, in the order they are tried::
     NODE@TAG                  the tag's snapshot if it is NODE's, else NODE's newest snapshot
                               taken at or before the tag's snapshot (a tag beats a date)
     NODE@DATE                 its newest snapshot taken on or before DATE (local time)
-    REF~N                     N snapshots before REF (first parents); ``REF~`` is ``REF~1``
+    REF~N                     N snapshots before REF: in its node's history as ``log NODE`` lists
+                              it (imports included), else first parents; ``REF~`` is ``REF~1``
     tags/NAME  patches/NAME  refs/...   a tag, a patch or any ref, named explicitly
     NAME                      a node, a tag or a patch; more than one of them is ambiguous
     DATE                      (naming nothing else) the snapshot taken that day, if one node has one
@@ -259,8 +260,20 @@ class Resolver:
 
     def _back(self, base: str, steps: int, text: str) -> str:
         start = self.snapshot(base)
-        # First parents: a node's snapshot history is linear; a patch's leads to its base.
-        chain = self._require_store(text).git("rev-list", "--first-parent", f"-n{steps + 1}", start).split()
+        store = self._require_store(text)
+        # A node's snapshot counts back in its history as `log NODE` lists it: an import
+        # older than the head sits beside the branch, off its first parents.
+        node = store.commit(start).meta.get("node")
+        if isinstance(node, str) and node in self._heads_map():
+            history = [commit.id for commit in self._history(node)]
+            if start in history:
+                index = history.index(start)
+                if index + steps >= len(history):
+                    raise RefError(f"{text!r}: {base} has only {len(history) - 1 - index} snapshot(s) before it",
+                                   hint=f"`snapver log {node}` lists them")
+                return history[index + steps]
+        # Anything else (a patch: its first parent is its base) by first parents.
+        chain = store.git("rev-list", "--first-parent", f"-n{steps + 1}", start).split()
         if len(chain) <= steps:
             raise RefError(f"{text!r}: {base} has only {len(chain) - 1} snapshot(s) before it")
         return chain[steps].decode()
@@ -307,13 +320,10 @@ class Resolver:
         return head
 
     def _history(self, node: str) -> list[Commit]:
-        head = self._newest(node)
-        # Every writer's branch of the node (a team store), and imports older than a head,
-        # which sit beside its branch (store/refs.py import_ref).
+        """The node's snapshots newest first, as ``log NODE`` lists them (imports included)."""
+        self._newest(node)  # no store or no snapshot yet: say so
         view = self._team()
-        tips = view.tips(store_refs.NODES, node) if view is not None else [head]
-        imported = list(self._refs_under(f"{store_refs.IMPORTS}{node}/").values())
-        return self._require_store(node).commits([head, *tips, *imported])
+        return view.snapshots(node) if view is not None else []
 
     def _history_hint(self, node: str) -> str:
         days = sorted({local_day(c).isoformat() for c in self._history(node)})
