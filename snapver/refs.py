@@ -4,8 +4,9 @@ Forms, in the order they are tried::
 
     NODE@live                 the live node (anywhere)
     NODE@latest               the node's newest snapshot
-    NODE@TAG                  the tag's snapshot if it is NODE's, else NODE's newest snapshot
-                              taken at or before the tag's snapshot (a tag beats a date)
+    NODE@TAG                  the tag's snapshot if it is NODE's (it beats a date of that spelling);
+                              another node's tag not spelled as a date: NODE's newest snapshot
+                              taken at or before the tag's snapshot
     NODE@DATE                 its newest snapshot taken on or before DATE (local time)
     REF~N                     N snapshots before REF: in its node's history as ``log NODE`` lists
                               it (imports included), else first parents; ``REF~`` is ``REF~1``
@@ -233,10 +234,12 @@ class Resolver:
         if at.lower() == "latest":
             return self._newest(node)
         tagged = self._tag(at)
-        if tagged is not None:  # a tag beats a date of the same spelling
-            return self._at_tag(node, at, tagged, text)
+        if tagged is not None and self._is_nodes(node, tagged, text):
+            return tagged  # a tag of the node's beats a date of the same spelling
         limit = _parse_moment(at)
         if limit is None:
+            if tagged is not None:  # another node's tag, not a date: what the node ran then
+                return self._at_tag(node, at, tagged, text)
             raise RefError(f"unknown ref {text!r}: after '@' comes live, latest or a date",
                            hint=DATE_HINT)
         for commit in self._history(node):
@@ -245,13 +248,17 @@ class Resolver:
         raise RefError(f"{text!r}: node {node!r} has no snapshot from {at} or before",
                        hint=self._history_hint(node))
 
+    def _is_nodes(self, node: str, commit_id: str, text: str) -> bool:
+        """True when ``commit_id`` is one of ``node``'s snapshots."""
+        if self._require_store(text).commit(commit_id).meta.get("node") == node:
+            return True
+        return any(commit.id == commit_id for commit in self._history(node))
+
     def _at_tag(self, node: str, tag: str, tagged: str, text: str) -> str:
-        """``NODE@TAG``: the tag's snapshot when it is the node's, else the node's newest
-        snapshot taken at or before it (what the node ran when the tag was taken)."""
+        """``NODE@TAG`` for a tag of another node's snapshot (spelled other than a date): the
+        node's newest snapshot taken at or before it (what the node ran when the tag was taken)."""
         history = self._history(node)
         tag_commit = self._require_store(text).commit(tagged)
-        if tag_commit.meta.get("node") == node or any(commit.id == tagged for commit in history):
-            return tagged
         for commit in history:
             if commit.time <= tag_commit.time:
                 return commit.id

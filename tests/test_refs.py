@@ -179,24 +179,33 @@ def test_a_tag_named_like_a_date_wins_over_the_date(world: dict, utc: None) -> N
     assert snap(world, "ct200@may20") == world["ids"]["d1"]
 
 
-def test_node_at_tag_is_the_tags_snapshot_when_it_is_the_nodes_else_the_nodes_at_the_tags_time(
-        world: dict, utc: None) -> None:
+def test_node_at_a_date_takes_a_tag_of_that_spelling_only_when_it_is_the_nodes(world: dict, utc: None) -> None:
+    """SPEC: `ct200@may22` is ct200's newest snapshot on or before that day, "a tag `may22` of
+    ct200's wins over the date". Another node's tag of that spelling must not answer for
+    ct200 (it did: ct200's snapshot at the tag's time, so a diff could say "identical")."""
     ids, git_dir = world["ids"], world["config"].store_path
-    # may21 names ct200's May 22 09:00 snapshot; may25 names ct129's of May 21 12:00.
+    # may21 names ct200's May 22 09:00 snapshot; may25 and YEAR-05-25 ct129's of May 21 12:00.
     _git(git_dir, "update-ref", "refs/tags/may21", ids["d2"])
     _git(git_dir, "update-ref", "refs/tags/may25", ids["c1"])
+    _git(git_dir, "update-ref", f"refs/tags/{YEAR}-05-25", ids["c1"])
+    _git(git_dir, "update-ref", "refs/tags/apr1", ids["f1"])  # fleet00's, before any of ct129's
+    _git(git_dir, "update-ref", "refs/tags/early", ids["f1"])
     try:
-        assert snap(world, "ct200@may21") == ids["d2"]  # the date alone: d1 (May 20)
-        assert snap(world, "ct200@may25") == ids["d1"]  # the date alone: d4 (May 25)
-        assert snap(world, "ct129@may21") == ids["c1"]
-        assert snap(world, "ct200@v1") == ids["d2"]  # any tag, not only one spelled like a date
-        _git(git_dir, "update-ref", "refs/tags/apr1", ids["f1"])  # fleet00's, before any of ct129's
-        with pytest.raises(RefError, match="has no snapshot from before tag 'apr1'"):
+        assert snap(world, "ct200@may21") == ids["d2"]  # ct200's tag (the date alone: d1, May 20)
+        assert snap(world, "ct200@may25") == ids["d4"]  # ct129's tag: the date (its time: d1)
+        assert snap(world, f"ct200@{YEAR}-05-25") == ids["d4"]
+        assert snap(world, "ct129@may25") == ids["c1"]  # ct129's own tag
+        assert snap(world, "ct129@may21") == ids["c1"]  # ct200's tag: the date
+        with pytest.raises(RefError, match="has no snapshot from apr1 or before"):
             snap(world, "ct129@apr1")
+        # A tag not spelled as a date: its snapshot if the node's, else what the node ran then.
+        assert snap(world, "ct200@v1") == ids["d2"]
+        assert snap(world, "ct129@v1") == ids["c1"]  # v1: ct200's of May 22 09:00
+        with pytest.raises(RefError, match="has no snapshot from before tag 'early'"):
+            snap(world, "ct129@early")
     finally:
-        _git(git_dir, "update-ref", "-d", "refs/tags/apr1")
-        _git(git_dir, "update-ref", "-d", "refs/tags/may21")
-        _git(git_dir, "update-ref", "-d", "refs/tags/may25")
+        for tag in ("may21", "may25", f"{YEAR}-05-25", "apr1", "early"):
+            _git(git_dir, "update-ref", "-d", f"refs/tags/{tag}")
 
 
 def test_snapshot_ids_from_four_hex_digits(world: dict) -> None:
