@@ -158,12 +158,15 @@ class Resolver:
             kind, value = found[0]
             return self._newest(value) if kind == "node" else value
         day = parse_day(text)
+        # `feb1`, `dec12` are hex too: a date and a commit id prefix both count.
+        commits = self._hex_commits(text.lower()) if _HEX.match(text) else []
         if day is not None:
-            return self._on_day(day, text)
-        if _HEX.match(text):
-            commit = self._hex(text.lower())
-            if commit:
-                return commit
+            return self._on_day(day, text, commits)
+        if len(commits) > 1:
+            raise RefError(f"ambiguous ref {text!r}: {len(commits)} commits start with it",
+                           hint="say one of " + ", ".join(c[:12] for c in commits))
+        if commits:
+            return commits[0]
         raise self._unknown(text)
 
     # -- forms ------------------------------------------------------------------------
@@ -336,7 +339,9 @@ class Resolver:
         days = sorted({local_day(c).isoformat() for c in self._history(node)})
         return f"{node} has snapshots from {', '.join(days[:3])}" + (" …" if len(days) > 3 else "")
 
-    def _on_day(self, day: date, text: str) -> str:
+    def _on_day(self, day: date, text: str, commits: list[str]) -> str:
+        """The snapshot taken on ``day``, when one node has one; ``commits``: those whose id
+        starts with ``text`` (a date spelled in hex digits), which count as meanings too."""
         self._require_store(text)
         chosen: dict[str, str] = {}
         for node in sorted(self._heads_map()):
@@ -344,15 +349,23 @@ class Resolver:
                 if local_day(commit) == day:
                     chosen[node] = commit.id  # newest first: keep the first seen
                     break
-        if len(chosen) == 1:
-            return next(iter(chosen.values()))
-        if chosen:
+        by_id = [commit for commit in commits if commit not in chosen.values()]
+        if len(chosen) + len(by_id) == 1:
+            return next(iter(chosen.values())) if chosen else by_id[0]
+        if chosen and not by_id:
             raise RefError(f"ambiguous ref {text!r}: {len(chosen)} nodes have a snapshot from {day.isoformat()}",
                            hint="say " + " or ".join(f"{node}@{text}" for node in chosen))
+        if chosen or by_id:
+            meanings = [f"{node}'s snapshot from {day.isoformat()}" for node in chosen]
+            meanings += [f"commit {commit[:12]}" for commit in by_id]
+            raise RefError(f"ambiguous ref {text!r}: it names " + " and ".join(meanings),
+                           hint="say " + " or ".join([f"{node}@{text}" for node in chosen]
+                                                     + [commit[:12] for commit in by_id]))
         raise RefError(f"no snapshot was taken on {day.isoformat()} ({text!r}) and no tag is called that",
                        hint=f"say NODE@{text} for a node's newest snapshot on or before that day")
 
-    def _hex(self, prefix: str) -> str | None:
+    def _hex_commits(self, prefix: str) -> list[str]:
+        """The commits (sorted) whose id starts with ``prefix``."""
         store = self._require_store(prefix)
         if len(prefix) == 40:
             candidates = [prefix]
@@ -362,14 +375,10 @@ class Resolver:
             except StoreError:  # no object starts with it
                 candidates = []
         if not candidates:
-            return None
+            return []
         out = store.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                         input="".join(f"{oid}\n" for oid in candidates).encode())
-        commits = [line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit")]
-        if len(commits) > 1:
-            raise RefError(f"ambiguous ref {prefix!r}: {len(commits)} commits start with it",
-                           hint="say one of " + ", ".join(c[:12] for c in sorted(commits)))
-        return commits[0] if commits else None
+        return sorted(line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit"))
 
     def _unknown(self, text: str) -> RefError:
         tags = sorted(self._refs_under(store_refs.TAGS))

@@ -8,11 +8,12 @@ for exit codes and messages.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import time
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -301,6 +302,45 @@ def test_a_node_only_in_the_store_has_snapshots_but_no_live_tree(world: dict) ->
         tree(world, "ghost")
     with pytest.raises(RefError, match="not in the config"):
         tree(world, "ghost@live")
+
+
+def _commit_starting_with(store: Path, prefix: str, tree: str, when: int, node: str) -> str:
+    """A snapshot commit of ``node`` made at ``when`` whose id starts with ``prefix`` (a nonce
+    in its subject tried until SHA-1 agrees; about 65536 tries for 4 hex digits)."""
+    meta = json.dumps({"kind": "snapshot", "node": node})
+    for nonce in range(1 << 24):
+        body = (f"tree {tree}\nauthor t <t@t> {when} +0000\ncommitter t <t@t> {when} +0000\n\n"
+                f"{node} snapshot {nonce}\n\nsnapver-meta: {meta}\n").encode()
+        if hashlib.sha1(b"commit %d\0" % len(body) + body).hexdigest().startswith(prefix):
+            commit = _git(store, "hash-object", "-t", "commit", "-w", "--stdin", input=body)
+            assert commit.startswith(prefix)
+            return commit
+    raise AssertionError(f"no commit id starting with {prefix}")
+
+
+def test_a_date_spelled_in_hex_digits_is_a_snapshot_id_too(world: dict, tmp_path: Path, utc: None) -> None:
+    """`feb1` is a day and a hex prefix (SPEC: a hex prefix names a commit; an ambiguous ref
+    lists what it could have meant). With no snapshot that day it is the commit (it was an
+    error that never named it); with a snapshot that day too, an error naming both."""
+    git_dir = tmp_path / "store"
+    store = Store.open_or_create(git_dir)
+    empty_tree = _git(git_dir, "mktree", input=b"")
+    day = parse_day("feb1")
+    march = int(datetime(day.year, 3, 3, 12, tzinfo=timezone.utc).timestamp())
+    by_id = _commit_starting_with(git_dir, "feb1", empty_tree, march, "ct200")
+    _git(git_dir, "update-ref", "refs/heads/nodes/ct200", by_id)
+    for text in ("feb1", "FEB1"):
+        assert resolve_snapshot(store, world["config"], text) == by_id, text
+    on_the_day = _commit(git_dir, empty_tree, f"{day.isoformat()}T12:00:00+0000", "ct129")
+    _git(git_dir, "update-ref", "refs/heads/nodes/ct129", on_the_day)
+    with pytest.raises(RefError) as caught:
+        resolve_snapshot(store, world["config"], "feb1")
+    assert caught.value.exit_code == 2
+    assert caught.value.message == (f"ambiguous ref 'feb1': it names ct129's snapshot from {day.isoformat()} "
+                                    f"and commit {by_id[:12]}")
+    assert caught.value.hint == f"say ct129@feb1 or {by_id[:12]}"
+    assert resolve_snapshot(store, world["config"], "ct129@feb1") == on_the_day  # after '@': a date
+    assert resolve_snapshot(store, world["config"], by_id[:12]) == by_id
 
 
 def test_without_a_store_only_live_nodes_resolve(world: dict) -> None:
