@@ -101,10 +101,16 @@ class Config:
     remote: str | None = None
     sync: str = "manual"  # [store] sync: "auto" syncs before reading commands and after writing ones
 
+    def live_name(self, name: str) -> str:
+        """``name`` with an ``@live`` suffix (any case) taken off when what is left is a node:
+        ``ct200@live`` is the live node anywhere (SPEC "Refs"), wherever a node is named."""
+        node, at, word = name.rpartition("@")
+        return node if at and word.lower() == "live" and node in self.nodes else name
+
     def node(self, name: str) -> NodeSpec:
-        """The node called ``name``; an unknown name is a usage error listing the known."""
+        """The node called ``name`` (or ``name@live``); an unknown name is a usage error listing the known."""
         try:
-            return self.nodes[name]
+            return self.nodes[self.live_name(name)]
         except KeyError:
             raise UsageError(
                 f"unknown node {name!r}",
@@ -112,7 +118,8 @@ class Config:
             ) from None
 
     def select(self, names: list[str] | tuple[str, ...], all_nodes: bool = False) -> list[NodeSpec]:
-        """Expand node and group names (in order, without repeats) to node specs."""
+        """Expand node and group names (in order, without repeats) to node specs; ``NODE@live``
+        is the node."""
         if not self.nodes:
             raise UsageError(f"no nodes in {self.path or 'the config'}",
                              hint="add a [nodes.NAME] table (the file shows how), "
@@ -126,7 +133,7 @@ class Config:
                 )
             return [self.nodes[name] for name in self.nodes]
         chosen: dict[str, NodeSpec] = {}
-        for name in names:
+        for name in map(self.live_name, names):
             if name in self.groups:
                 for member in self.groups[name]:
                     chosen.setdefault(member, self.nodes[member])

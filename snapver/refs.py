@@ -4,10 +4,12 @@ Forms, in the order they are tried::
 
     NODE@live                 the live node (anywhere)
     NODE@latest               the node's newest snapshot
-    NODE@TAG                  the tag's snapshot if it is NODE's, else NODE's newest snapshot
-                              taken at or before the tag's snapshot (a tag beats a date)
+    NODE@TAG                  the tag's snapshot if it is NODE's (it beats a date of that spelling);
+                              another node's tag not spelled as a date: NODE's newest snapshot
+                              taken at or before the tag's snapshot
     NODE@DATE                 its newest snapshot taken on or before DATE (local time)
-    REF~N                     N snapshots before REF (first parents); ``REF~`` is ``REF~1``
+    REF~N                     N snapshots before REF: in its node's history as ``log NODE`` lists
+                              it (imports included), else first parents; ``REF~`` is ``REF~1``
     tags/NAME  patches/NAME  refs/...   a tag, a patch or any ref, named explicitly
     NAME                      a node, a tag or a patch; more than one of them is ambiguous
     DATE                      (naming nothing else) the snapshot taken that day, if one node has one
@@ -156,12 +158,15 @@ class Resolver:
             kind, value = found[0]
             return self._newest(value) if kind == "node" else value
         day = parse_day(text)
+        # `feb1`, `dec12` are hex too: a date and a commit id prefix both count.
+        commits = self._hex_commits(text.lower()) if _HEX.match(text) else []
         if day is not None:
-            return self._on_day(day, text)
-        if _HEX.match(text):
-            commit = self._hex(text.lower())
-            if commit:
-                return commit
+            return self._on_day(day, text, commits)
+        if len(commits) > 1:
+            raise RefError(f"ambiguous ref {text!r}: {len(commits)} commits start with it",
+                           hint="say one of " + ", ".join(c[:12] for c in commits))
+        if commits:
+            return commits[0]
         raise self._unknown(text)
 
     # -- forms ------------------------------------------------------------------------
@@ -232,10 +237,12 @@ class Resolver:
         if at.lower() == "latest":
             return self._newest(node)
         tagged = self._tag(at)
-        if tagged is not None:  # a tag beats a date of the same spelling
-            return self._at_tag(node, at, tagged, text)
+        if tagged is not None and self._is_nodes(node, tagged, text):
+            return tagged  # a tag of the node's beats a date of the same spelling
         limit = _parse_moment(at)
         if limit is None:
+            if tagged is not None:  # another node's tag, not a date: what the node ran then
+                return self._at_tag(node, at, tagged, text)
             raise RefError(f"unknown ref {text!r}: after '@' comes live, latest or a date",
                            hint=DATE_HINT)
         for commit in self._history(node):
@@ -244,13 +251,17 @@ class Resolver:
         raise RefError(f"{text!r}: node {node!r} has no snapshot from {at} or before",
                        hint=self._history_hint(node))
 
+    def _is_nodes(self, node: str, commit_id: str, text: str) -> bool:
+        """True when ``commit_id`` is one of ``node``'s snapshots."""
+        if self._require_store(text).commit(commit_id).meta.get("node") == node:
+            return True
+        return any(commit.id == commit_id for commit in self._history(node))
+
     def _at_tag(self, node: str, tag: str, tagged: str, text: str) -> str:
-        """``NODE@TAG``: the tag's snapshot when it is the node's, else the node's newest
-        snapshot taken at or before it (what the node ran when the tag was taken)."""
+        """``NODE@TAG`` for a tag of another node's snapshot (spelled other than a date): the
+        node's newest snapshot taken at or before it (what the node ran when the tag was taken)."""
         history = self._history(node)
         tag_commit = self._require_store(text).commit(tagged)
-        if tag_commit.meta.get("node") == node or any(commit.id == tagged for commit in history):
-            return tagged
         for commit in history:
             if commit.time <= tag_commit.time:
                 return commit.id
@@ -259,8 +270,20 @@ class Resolver:
 
     def _back(self, base: str, steps: int, text: str) -> str:
         start = self.snapshot(base)
-        # First parents: a node's snapshot history is linear; a patch's leads to its base.
-        chain = self._require_store(text).git("rev-list", "--first-parent", f"-n{steps + 1}", start).split()
+        store = self._require_store(text)
+        # A node's snapshot counts back in its history as `log NODE` lists it: an import
+        # older than the head sits beside the branch, off its first parents.
+        node = store.commit(start).meta.get("node")
+        if isinstance(node, str) and node in self._heads_map():
+            history = [commit.id for commit in self._history(node)]
+            if start in history:
+                index = history.index(start)
+                if index + steps >= len(history):
+                    raise RefError(f"{text!r}: {base} has only {len(history) - 1 - index} snapshot(s) before it",
+                                   hint=f"`snapver log {node}` lists them")
+                return history[index + steps]
+        # Anything else (a patch: its first parent is its base) by first parents.
+        chain = store.git("rev-list", "--first-parent", f"-n{steps + 1}", start).split()
         if len(chain) <= steps:
             raise RefError(f"{text!r}: {base} has only {len(chain) - 1} snapshot(s) before it")
         return chain[steps].decode()
@@ -307,19 +330,18 @@ class Resolver:
         return head
 
     def _history(self, node: str) -> list[Commit]:
-        head = self._newest(node)
-        # Every writer's branch of the node (a team store), and imports older than a head,
-        # which sit beside its branch (store/refs.py import_ref).
+        """The node's snapshots newest first, as ``log NODE`` lists them (imports included)."""
+        self._newest(node)  # no store or no snapshot yet: say so
         view = self._team()
-        tips = view.tips(store_refs.NODES, node) if view is not None else [head]
-        imported = list(self._refs_under(f"{store_refs.IMPORTS}{node}/").values())
-        return self._require_store(node).commits([head, *tips, *imported])
+        return view.snapshots(node) if view is not None else []
 
     def _history_hint(self, node: str) -> str:
         days = sorted({local_day(c).isoformat() for c in self._history(node)})
         return f"{node} has snapshots from {', '.join(days[:3])}" + (" …" if len(days) > 3 else "")
 
-    def _on_day(self, day: date, text: str) -> str:
+    def _on_day(self, day: date, text: str, commits: list[str]) -> str:
+        """The snapshot taken on ``day``, when one node has one; ``commits``: those whose id
+        starts with ``text`` (a date spelled in hex digits), which count as meanings too."""
         self._require_store(text)
         chosen: dict[str, str] = {}
         for node in sorted(self._heads_map()):
@@ -327,15 +349,23 @@ class Resolver:
                 if local_day(commit) == day:
                     chosen[node] = commit.id  # newest first: keep the first seen
                     break
-        if len(chosen) == 1:
-            return next(iter(chosen.values()))
-        if chosen:
+        by_id = [commit for commit in commits if commit not in chosen.values()]
+        if len(chosen) + len(by_id) == 1:
+            return next(iter(chosen.values())) if chosen else by_id[0]
+        if chosen and not by_id:
             raise RefError(f"ambiguous ref {text!r}: {len(chosen)} nodes have a snapshot from {day.isoformat()}",
                            hint="say " + " or ".join(f"{node}@{text}" for node in chosen))
+        if chosen or by_id:
+            meanings = [f"{node}'s snapshot from {day.isoformat()}" for node in chosen]
+            meanings += [f"commit {commit[:12]}" for commit in by_id]
+            raise RefError(f"ambiguous ref {text!r}: it names " + " and ".join(meanings),
+                           hint="say " + " or ".join([f"{node}@{text}" for node in chosen]
+                                                     + [commit[:12] for commit in by_id]))
         raise RefError(f"no snapshot was taken on {day.isoformat()} ({text!r}) and no tag is called that",
                        hint=f"say NODE@{text} for a node's newest snapshot on or before that day")
 
-    def _hex(self, prefix: str) -> str | None:
+    def _hex_commits(self, prefix: str) -> list[str]:
+        """The commits (sorted) whose id starts with ``prefix``."""
         store = self._require_store(prefix)
         if len(prefix) == 40:
             candidates = [prefix]
@@ -345,14 +375,10 @@ class Resolver:
             except StoreError:  # no object starts with it
                 candidates = []
         if not candidates:
-            return None
+            return []
         out = store.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                         input="".join(f"{oid}\n" for oid in candidates).encode())
-        commits = [line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit")]
-        if len(commits) > 1:
-            raise RefError(f"ambiguous ref {prefix!r}: {len(commits)} commits start with it",
-                           hint="say one of " + ", ".join(c[:12] for c in sorted(commits)))
-        return commits[0] if commits else None
+        return sorted(line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit"))
 
     def _unknown(self, text: str) -> RefError:
         tags = sorted(self._refs_under(store_refs.TAGS))

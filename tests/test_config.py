@@ -147,6 +147,16 @@ def test_select_expands_groups_in_order_without_repeats(write_config) -> None:
     assert [s.name for s in config.select([], all_nodes=True)] == ["ct200", "ct129", "fleet00"]
 
 
+def test_node_at_live_is_the_node_wherever_nodes_are_named(write_config) -> None:
+    """SPEC: `ct200@live` is the live node anywhere (status, pull, verify, ps, push take nodes)."""
+    config = load_config(str(write_config({"ct200": _node(), "ct129": _node()}, groups={"tp8": ["ct200"]})))
+    assert [s.name for s in config.select(["ct200@live", "ct129@LIVE", "ct200", "tp8"])] == ["ct200", "ct129"]
+    assert config.node("ct129@Live").name == "ct129"
+    for name in ("ct201@live", "tp8@live", "ct200@latest", "@live"):
+        with pytest.raises(UsageError, match=f"unknown node or group {name!r}"):
+            config.select([name])
+
+
 def test_unknown_name_lists_the_known_nodes_and_groups(write_config) -> None:
     config = load_config(str(write_config({"ct200": _node(), "ct129": _node()}, groups={"tp8": ["ct200"]})))
     with pytest.raises(UsageError) as caught:

@@ -8,11 +8,12 @@ for exit codes and messages.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import time
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -179,24 +180,33 @@ def test_a_tag_named_like_a_date_wins_over_the_date(world: dict, utc: None) -> N
     assert snap(world, "ct200@may20") == world["ids"]["d1"]
 
 
-def test_node_at_tag_is_the_tags_snapshot_when_it_is_the_nodes_else_the_nodes_at_the_tags_time(
-        world: dict, utc: None) -> None:
+def test_node_at_a_date_takes_a_tag_of_that_spelling_only_when_it_is_the_nodes(world: dict, utc: None) -> None:
+    """SPEC: `ct200@may22` is ct200's newest snapshot on or before that day, "a tag `may22` of
+    ct200's wins over the date". Another node's tag of that spelling must not answer for
+    ct200 (it did: ct200's snapshot at the tag's time, so a diff could say "identical")."""
     ids, git_dir = world["ids"], world["config"].store_path
-    # may21 names ct200's May 22 09:00 snapshot; may25 names ct129's of May 21 12:00.
+    # may21 names ct200's May 22 09:00 snapshot; may25 and YEAR-05-25 ct129's of May 21 12:00.
     _git(git_dir, "update-ref", "refs/tags/may21", ids["d2"])
     _git(git_dir, "update-ref", "refs/tags/may25", ids["c1"])
+    _git(git_dir, "update-ref", f"refs/tags/{YEAR}-05-25", ids["c1"])
+    _git(git_dir, "update-ref", "refs/tags/apr1", ids["f1"])  # fleet00's, before any of ct129's
+    _git(git_dir, "update-ref", "refs/tags/early", ids["f1"])
     try:
-        assert snap(world, "ct200@may21") == ids["d2"]  # the date alone: d1 (May 20)
-        assert snap(world, "ct200@may25") == ids["d1"]  # the date alone: d4 (May 25)
-        assert snap(world, "ct129@may21") == ids["c1"]
-        assert snap(world, "ct200@v1") == ids["d2"]  # any tag, not only one spelled like a date
-        _git(git_dir, "update-ref", "refs/tags/apr1", ids["f1"])  # fleet00's, before any of ct129's
-        with pytest.raises(RefError, match="has no snapshot from before tag 'apr1'"):
+        assert snap(world, "ct200@may21") == ids["d2"]  # ct200's tag (the date alone: d1, May 20)
+        assert snap(world, "ct200@may25") == ids["d4"]  # ct129's tag: the date (its time: d1)
+        assert snap(world, f"ct200@{YEAR}-05-25") == ids["d4"]
+        assert snap(world, "ct129@may25") == ids["c1"]  # ct129's own tag
+        assert snap(world, "ct129@may21") == ids["c1"]  # ct200's tag: the date
+        with pytest.raises(RefError, match="has no snapshot from apr1 or before"):
             snap(world, "ct129@apr1")
+        # A tag not spelled as a date: its snapshot if the node's, else what the node ran then.
+        assert snap(world, "ct200@v1") == ids["d2"]
+        assert snap(world, "ct129@v1") == ids["c1"]  # v1: ct200's of May 22 09:00
+        with pytest.raises(RefError, match="has no snapshot from before tag 'early'"):
+            snap(world, "ct129@early")
     finally:
-        _git(git_dir, "update-ref", "-d", "refs/tags/apr1")
-        _git(git_dir, "update-ref", "-d", "refs/tags/may21")
-        _git(git_dir, "update-ref", "-d", "refs/tags/may25")
+        for tag in ("may21", "may25", f"{YEAR}-05-25", "apr1", "early"):
+            _git(git_dir, "update-ref", "-d", f"refs/tags/{tag}")
 
 
 def test_snapshot_ids_from_four_hex_digits(world: dict) -> None:
@@ -292,6 +302,45 @@ def test_a_node_only_in_the_store_has_snapshots_but_no_live_tree(world: dict) ->
         tree(world, "ghost")
     with pytest.raises(RefError, match="not in the config"):
         tree(world, "ghost@live")
+
+
+def _commit_starting_with(store: Path, prefix: str, tree: str, when: int, node: str) -> str:
+    """A snapshot commit of ``node`` made at ``when`` whose id starts with ``prefix`` (a nonce
+    in its subject tried until SHA-1 agrees; about 65536 tries for 4 hex digits)."""
+    meta = json.dumps({"kind": "snapshot", "node": node})
+    for nonce in range(1 << 24):
+        body = (f"tree {tree}\nauthor t <t@t> {when} +0000\ncommitter t <t@t> {when} +0000\n\n"
+                f"{node} snapshot {nonce}\n\nsnapver-meta: {meta}\n").encode()
+        if hashlib.sha1(b"commit %d\0" % len(body) + body).hexdigest().startswith(prefix):
+            commit = _git(store, "hash-object", "-t", "commit", "-w", "--stdin", input=body)
+            assert commit.startswith(prefix)
+            return commit
+    raise AssertionError(f"no commit id starting with {prefix}")
+
+
+def test_a_date_spelled_in_hex_digits_is_a_snapshot_id_too(world: dict, tmp_path: Path, utc: None) -> None:
+    """`feb1` is a day and a hex prefix (SPEC: a hex prefix names a commit; an ambiguous ref
+    lists what it could have meant). With no snapshot that day it is the commit (it was an
+    error that never named it); with a snapshot that day too, an error naming both."""
+    git_dir = tmp_path / "store"
+    store = Store.open_or_create(git_dir)
+    empty_tree = _git(git_dir, "mktree", input=b"")
+    day = parse_day("feb1")
+    march = int(datetime(day.year, 3, 3, 12, tzinfo=timezone.utc).timestamp())
+    by_id = _commit_starting_with(git_dir, "feb1", empty_tree, march, "ct200")
+    _git(git_dir, "update-ref", "refs/heads/nodes/ct200", by_id)
+    for text in ("feb1", "FEB1"):
+        assert resolve_snapshot(store, world["config"], text) == by_id, text
+    on_the_day = _commit(git_dir, empty_tree, f"{day.isoformat()}T12:00:00+0000", "ct129")
+    _git(git_dir, "update-ref", "refs/heads/nodes/ct129", on_the_day)
+    with pytest.raises(RefError) as caught:
+        resolve_snapshot(store, world["config"], "feb1")
+    assert caught.value.exit_code == 2
+    assert caught.value.message == (f"ambiguous ref 'feb1': it names ct129's snapshot from {day.isoformat()} "
+                                    f"and commit {by_id[:12]}")
+    assert caught.value.hint == f"say ct129@feb1 or {by_id[:12]}"
+    assert resolve_snapshot(store, world["config"], "ct129@feb1") == on_the_day  # after '@': a date
+    assert resolve_snapshot(store, world["config"], by_id[:12]) == by_id
 
 
 def test_without_a_store_only_live_nodes_resolve(world: dict) -> None:

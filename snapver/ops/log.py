@@ -85,19 +85,6 @@ def describe(commit: Commit, tags: dict[str, list[str]],
         writer=meta["writer"] if isinstance(meta.get("writer"), str) else None)
 
 
-def _interleave(commits: list[Commit]) -> list[Commit]:
-    """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
-    (the higher writer id first), each writer's own order kept (git's, which is topological)."""
-    import heapq
-
-    by_writer: dict[str, list[Commit]] = {}
-    for commit in commits:
-        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
-    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
-    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
-                            key=lambda commit: -commit.time.timestamp()))
-
-
 def parse_since(text: str) -> datetime:
     """The moment ``log --since`` starts at: a day (``2026-05-22``, ``may22``: its start,
     local time) or an ISO time. UsageError otherwise."""
@@ -120,23 +107,14 @@ def log(store: Store, config: Config, node: str | None = None, limit: int | None
     """Snapshots newest first, of one node or of all (``since``: only those taken then or later)."""
     view = TeamView(store)
     heads = view.by_writer(refs.NODES)  # every writer's branch of each node (a team store)
-    if node is not None:
-        if node not in heads:
-            if node in config.nodes:
-                return []
-            raise UsageError(f"unknown node {node!r}",
-                             hint=f"known nodes: {', '.join(sorted(set(heads) | set(config.nodes)))}")
-        revs = sorted(set(heads[node].values()))
-    else:
-        revs = sorted({commit for by in heads.values() for commit in by.values()})
-    # Imported snapshots older than their node's head are kept beside its branch.
-    revs += [commit for name, commit in sorted(view.merged(refs.IMPORTS).items())
-             if node is None or name.startswith(node + "/")]
+    if node is not None and node not in heads:
+        if node in config.nodes:
+            return []
+        raise UsageError(f"unknown node {node!r}",
+                         hint=f"known nodes: {', '.join(sorted(set(heads) | set(config.nodes)))}")
     tags = tags_by_commit(store, view)
     pushed = push_events(store, view)
-    commits = store.commits(revs, limit=None if since is not None or view.is_team else limit)
-    if view.is_team:
-        commits = _interleave(commits)[:None if since is not None else limit]
+    commits = view.snapshots(node, limit=None if since is not None else limit)
     if since is not None:
         commits = [c for c in commits if c.time >= since][:limit]
     return [describe(c, tags, pushed) for c in commits]

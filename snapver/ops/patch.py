@@ -207,8 +207,8 @@ def check_new_name(store: Store, config: Config, name: str) -> None:
 
 
 def check_targets(config: Config, nodes: Iterable[str]) -> tuple[str, ...]:
-    """Target names as given (nodes or groups), each known to the config."""
-    names = tuple(n for item in nodes for n in item.split(",") if n)
+    """Target names as given (nodes or groups, ``NODE@live`` as the node), each known to the config."""
+    names = tuple(config.live_name(n) for item in nodes for n in item.split(",") if n)
     if names:
         config.select(list(names))
     return names
@@ -457,7 +457,7 @@ def capture_patch(store: Store, config: Config, name: str, node: str, base_ref: 
     from snapver.transport.connect import open_transport
 
     check_new_name(store, config, name)
-    spec = config.node(node.removesuffix("@live"))
+    spec = config.node(node)
     targets = check_targets(config, nodes) or (spec.name,)
     base = resolve_base(store, config, base_ref)
     with open_transport(spec) as transport:

@@ -17,6 +17,7 @@ Local refs are never rewritten by a sync: nothing is lost here, whatever the rem
 from __future__ import annotations
 
 import getpass
+import heapq
 import re
 import socket
 from dataclasses import dataclass, field
@@ -100,6 +101,17 @@ def ensure_writer(store: Store) -> str:
     if _config_get(store, WRITER_KEY) is None:
         set_writer(store, default_writer())
     return writer_of(store)
+
+
+def _interleave(commits: list[Commit]) -> list[Commit]:
+    """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
+    (the higher writer id first), each writer's own order kept (git's, which is topological)."""
+    by_writer: dict[str, list[Commit]] = {}
+    for commit in commits:
+        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
+    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
+    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
+                            key=lambda commit: -commit.time.timestamp()))
 
 
 # -- reading: every writer merged ---------------------------------------------------------
@@ -208,6 +220,21 @@ class TeamView:
         wanted = sorted(set(commits) - self._times.keys())
         if wanted:
             self._times.update((c.id, c) for c in self.store.commits(wanted, no_walk=True))
+
+    def snapshots(self, node: str | None = None, limit: int | None = None) -> list[Commit]:
+        """Snapshots newest first, of one node or of all: every writer's branch of the node
+        and the imports kept beside it (``refs.import_ref``). The one order of a node's
+        history: ``log`` lists it, ``NODE~N`` and ``NODE@DATE`` count in it."""
+        heads = self.by_writer(refs.NODES)
+        if node is not None:
+            revs = sorted(set(heads.get(node, {}).values()))
+        else:
+            revs = sorted({commit for by in heads.values() for commit in by.values()})
+        revs += [commit for name, commit in sorted(self.merged(refs.IMPORTS).items())
+                 if node is None or name.startswith(node + "/")]
+        if not self.is_team:
+            return self.store.commits(revs, limit=limit)
+        return _interleave(self.store.commits(revs))[:limit]
 
     # -- patches --------------------------------------------------------------------------
     def patch_tip(self, versions: dict[str, str]) -> tuple[str, dict[str, str]]:

@@ -116,6 +116,30 @@ def test_imports_take_their_place_in_date_order(story: dict) -> None:
     assert logged == [story["pull"], june, may]
 
 
+def test_node_tilde_n_is_row_n_plus_1_of_its_log_imports_included(story: dict) -> None:
+    """SPEC: `ct200~2` is two snapshots before its newest. Imports older than the head sit
+    beside its branch, off its first parents: `~N` skipped them (`ct200~2` was refused with
+    "only 1 snapshot(s) before it" while `log ct200` listed four)."""
+    worker = story["folder"] / "speculative" / "dflash_worker.py"
+    assert run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-05-22").code == 0
+    worker.write_text(FIXED_TEXT + "    # june 1\n")
+    assert run_inproc("import", "./remote_sglang_snapshot", "--node", "ct200", "--date", "2026-06-01").code == 0
+    (story["site"] / WORKER).write_text(WORKER_TEXT + "    # pulled again\n")
+    assert run_inproc("pull", "ct200").code == 0
+    logged = [s["id"] for s in json.loads(run_inproc("log", "--json", "ct200").out)["snapshots"]]
+    assert len(logged) == 4 and logged[1] == story["pull"]
+    assert logged[0] == git("rev-parse", "refs/heads/nodes/ct200").strip()
+    for ref, row in (("ct200~0", 0), ("ct200@latest", 0), ("ct200~", 1), ("ct200~1", 1), ("ct200~2", 2),
+                     ("ct200~3", 3), ("ct200@latest~3", 3), ("ct200@2026-06-02~1", 3), (f"{logged[1]}~2", 3)):
+        shown = run_inproc("show", "--json", ref)
+        assert shown.code == 0, (ref, shown.err)
+        assert json.loads(shown.out)["id"] == logged[row], ref
+    assert run_inproc("show", "ct200~2", WORKER).out == FIXED_TEXT + "    # june 1\n"
+    too_far = run_inproc("show", "ct200~4")
+    assert too_far.code == 2 and "'ct200~4': ct200 has only 3 snapshot(s) before it" in too_far.err, too_far.err
+    assert run_inproc("show", "ct200@may22~1").code == 2
+
+
 def test_import_newer_than_the_head_moves_it_and_a_new_name_is_an_archive(story: dict) -> None:
     # Dated by its files: the newest mtime, said so.
     when = datetime(2026, 3, 1, 12, 0).timestamp()
@@ -137,6 +161,11 @@ def test_import_newer_than_the_head_moves_it_and_a_new_name_is_an_archive(story:
     assert tip != head and git("rev-parse", f"{tip}^").strip() == head
     assert run_inproc("show", "archive@latest", WORKER).out == FIXED_TEXT + "    # april\n"
     assert not git("for-each-ref", "refs/heads/imports/")
+    # log's first row is archive@latest and archive~0; archive~1 the one before.
+    logged = [s["id"] for s in json.loads(run_inproc("log", "--json", "archive").out)["snapshots"]]
+    assert logged == [tip, head]
+    for ref, commit in (("archive~0", tip), ("archive~1", head)):
+        assert json.loads(run_inproc("show", "--json", ref).out)["id"] == commit, ref
 
 
 def test_a_spoken_date_dates_the_import_as_refs_read_it(story: dict) -> None:

@@ -128,6 +128,17 @@ def test_status_table(fleet: dict) -> None:
     assert only_identical.code == 0 and "pristine" in only_identical.out
 
 
+def test_status_takes_node_at_live(fleet: dict) -> None:
+    """SPEC: `ct200@live` is the live node anywhere; status refused it ("unknown node or group")."""
+    result = run_inproc("--config", fleet["config"], "status", "--json", "ct200@live", "ct129@LIVE", "ct200")
+    assert result.code == 1, result
+    rows = {row["node"]: row for row in json.loads(result.out)["nodes"]}
+    assert list(rows) == ["ct200", "ct129"]
+    assert rows["ct200"]["drift"] == EXPECTED_DRIFT and rows["ct129"]["identical"] is True
+    unknown = run_inproc("--config", fleet["config"], "status", "ct201@live")
+    assert unknown.code == 2 and "unknown node or group 'ct201@live'" in unknown.err, unknown
+
+
 def test_status_shows_an_interrupted_push(fleet: dict) -> None:
     store = str(fleet["store"])
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
