@@ -103,6 +103,35 @@ def ensure_writer(store: Store) -> str:
     return writer_of(store)
 
 
+_TIE_MARGIN = 32
+
+
+def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
+    """git's ``--date-order`` (whole seconds), each run of one second put newest first by
+    ``commit_moment``: two nodes pulled in one second came out in git's order, so ``log``
+    could show the older first. A run is left as git gave it if that would put a commit
+    after one of its own parents (a clock set back)."""
+    ordered: list[Commit] = []
+    start = 0
+    while start < len(commits):
+        end = start + 1
+        while end < len(commits) and commits[end].time == commits[start].time:
+            end += 1
+        run = commits[start:end]
+        if len(run) > 1:
+            by_moment = sorted(run, key=lambda commit: -commit_moment(commit))
+            seen: set[str] = set()
+            for commit in by_moment:
+                if seen.intersection(commit.parents):  # a parent of this one came first
+                    break
+                seen.add(commit.id)
+            else:
+                run = by_moment
+        ordered += run
+        start = end
+    return ordered
+
+
 def _interleave(commits: list[Commit]) -> list[Commit]:
     """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
     (the higher writer id first), each writer's own order kept (git's, which is topological)."""
@@ -232,9 +261,13 @@ class TeamView:
             revs = sorted({commit for by in heads.values() for commit in by.values()})
         revs += [commit for name, commit in sorted(self.merged(refs.IMPORTS).items())
                  if node is None or name.startswith(node + "/")]
-        if not self.is_team:
-            return self.store.commits(revs, limit=limit)
-        return _interleave(self.store.commits(revs))[:limit]
+        if self.is_team:
+            return _interleave(_ties_by_moment(self.store.commits(revs)))[:limit]
+        # A run of one second may be cut by git's own limit: ask for more than shown.
+        commits = self.store.commits(revs, limit=None if limit is None else limit + _TIE_MARGIN)
+        if limit is not None and len(commits) == limit + _TIE_MARGIN and commits[limit - 1].time == commits[-1].time:
+            commits = self.store.commits(revs)
+        return _ties_by_moment(commits)[:limit]
 
     # -- patches --------------------------------------------------------------------------
     def patch_tip(self, versions: dict[str, str]) -> tuple[str, dict[str, str]]:

@@ -115,3 +115,21 @@ def test_snapshots_from_before_events_take_theirs_from_push_records(make_site_pa
     snapshots = json.loads(run_inproc("--config", config, "log", "--json").out)["snapshots"]
     assert [(s["id"], s["event"], s["patch"]) for s in snapshots] == [
         (rewritten[1], "push", "old-fix"), (rewritten[0], "pull", None)]
+
+
+def test_log_lists_snapshots_of_one_second_newest_first(make_site_packages, local_node, tmp_path: Path) -> None:
+    """Snapshots of two nodes taken within one second (git's commit times are whole
+    seconds) are listed by when each was taken, newest first, and `log -n 1` is the newest.
+    (git's --date-order left such a tie in the order of the ids it was given: about half
+    of the fresh stores below listed the first pull first.)"""
+    sites = {name: make_site_packages(name, files={A: f"a = {name}\n"}) for name in ("n1", "n2")}
+    nodes = {name: local_node(site) for name, site in sites.items()}
+    for attempt in range(8):
+        config = tmp_path / f"snapver{attempt}.toml"
+        config.write_text(toml_dumps({"store": {"path": f"snapshots{attempt}"}, "nodes": nodes}))
+        for name in ("n1", "n2"):
+            assert run_inproc("--config", config, "pull", name).code == 0
+        listed = json.loads(run_inproc("--config", config, "log", "--json").out)["snapshots"]
+        assert [row["node"] for row in listed] == ["n2", "n1"], [(r["node"], r["meta"]["time_ns"]) for r in listed]
+        newest = json.loads(run_inproc("--config", config, "log", "-n", "1", "--json").out)["snapshots"]
+        assert [row["node"] for row in newest] == ["n2"]
