@@ -289,7 +289,8 @@ def rebase(
         return 0
     err = console(stderr=True)
     err.print(f"snapver: error: patch {escape(name)}: {len(result.conflicts)} file(s) conflict; nothing recorded")
-    err.print(f"hint: the merge (with conflict markers) is checked out in {escape(str(result.checkout))}; "
+    err.print(f"hint: the merge (conflict markers, or the patch's side where none can go) is checked out in "
+              f"{escape(str(result.checkout))}; "
               f"resolve it, then `snapver patch save {escape(name)}`")
     return 1
 

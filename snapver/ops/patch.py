@@ -798,7 +798,9 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
 
     Clean: a new patch commit on the new base. Conflicts: nothing is recorded; the
     merged tree, conflict markers included, is checked out for editing and
-    `patch save` finishes the rebase.
+    `patch save` finishes the rebase. A conflict markers cannot show (modify/delete,
+    binary, symlink) is checked out as the patch has it, so a save never drops the
+    patch's side of it unseen.
     """
     patch = load_patch(store, name)
     onto = resolve_base(store, config, onto_ref)
@@ -831,15 +833,23 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
             what = ("added by the patch and by the new base" if old is None else
                     "deleted by the patch, changed in the new base" if mine is None else
                     "changed by the patch, deleted in the new base" if new_base is None else "not a plain file")
-            results.append(RebasedFile(item.path, "conflict", what))
             if mine is not None and new_base is not None and mine.kind == FILE == new_base.kind:
                 merged, _ = _merge3(store.read_blob(mine.oid), b"", store.read_blob(new_base.oid), labels)
                 overrides[item.path] = merged
                 changes[item.path] = (entry_for(item.path, FILE, mine.mode, merged), merged)
+            else:
+                # No markers can hold both sides: the checkout holds the patch's (its file, or
+                # none where it deletes), so a save leaves the patch's change in unless edited.
+                changes[item.path] = (mine, None)
+                what += (f"; left deleted in the checkout (the new base's: `snapver show {onto.commit[:10]} "
+                         f"{item.path}`)" if mine is None else "; the patch's version is checked out")
+            results.append(RebasedFile(item.path, "conflict", what))
         else:
             datas = [store.read_blob(e.oid) for e in (mine, old, new_base)]
             if any(b"\0" in d for d in datas):
-                results.append(RebasedFile(item.path, "conflict", "binary content changed on both sides"))
+                results.append(RebasedFile(item.path, "conflict", "binary content changed on both sides; "
+                                           "the patch's version is checked out"))
+                changes[item.path] = (mine, None)  # the patch's side, as above
                 continue
             merged, conflicts = _merge3(*datas, labels)
             mode = mine.mode if stat.S_IMODE(mine.mode) != stat.S_IMODE(old.mode) else new_base.mode

@@ -462,6 +462,64 @@ def test_rebase_carries_a_patch_to_a_new_base(make_site_packages, write_config, 
     assert hashlib.sha256(got["sglang/srt/a.py"][1]).hexdigest() != hashlib.sha256(v1["sglang/srt/a.py"]).hexdigest()
 
 
+def test_rebase_conflict_without_markers_keeps_the_patch_side(make_site_packages, write_config, local_node,
+                                                               run_snapver, isolated_env):
+    """A modify/delete (either way), binary or symlink conflict has no markers to show both
+    sides: the checkout holds the patch's side, so a save that leaves it alone keeps the
+    patch's change instead of silently taking the new base's."""
+    v1 = {"sglang/srt/changed.py": "c = 1\n", "sglang/srt/deleted.py": "d = 1\n",
+          "sglang/srt/blob.bin": b"\x00v1", "sglang/srt/y.py": "y = 1\n",
+          "sglang/srt/t1.py": "", "sglang/srt/t2.py": ""}
+    site = make_site_packages("node", files=v1)
+    os.symlink("t1.py", site / "sglang/srt/link")
+    config_path = write_config({"node": local_node(site)})
+    snapshot(config_path, "node", "v1")
+    folder = Path(run_snapver("patch", "new", "md", "--base", "v1").out.strip().splitlines()[-1])
+    srt = folder / "sglang/srt"
+    (srt / "changed.py").write_text("c = 9  # the patch\n")
+    (srt / "deleted.py").unlink()
+    (srt / "blob.bin").write_bytes(b"\x00mine")
+    (srt / "link").unlink()
+    os.symlink("t2.py", srt / "link")
+    (srt / "y.py").write_text("y = 1  # the patch\n")
+    assert run_snapver("patch", "save", "md").code == 0
+    # The next release deletes what the patch changed, changes what it deleted, and
+    # changes the binary file, the link and y.py too.
+    (site / "sglang/srt/changed.py").unlink()
+    (site / "sglang/srt/deleted.py").write_text("d = 2  # upstream\n")
+    (site / "sglang/srt/blob.bin").write_bytes(b"\x00theirs")
+    (site / "sglang/srt/link").unlink()
+    os.symlink("y.py", site / "sglang/srt/link")
+    (site / "sglang/srt/y.py").write_text("y = 2\n")
+    snapshot(config_path, "node", "v2")
+
+    rebased = run_snapver("patch", "rebase", "md", "--onto", "v2")
+    assert rebased.code == 1, rebased
+    conflicts = {line.split()[1].rstrip(":") for line in rebased.out.splitlines() if line.split()[0] == "conflict"}
+    assert conflicts == {"sglang/srt/changed.py", "sglang/srt/deleted.py", "sglang/srt/blob.bin",
+                         "sglang/srt/link", "sglang/srt/y.py"}, rebased
+    assert (srt / "changed.py").read_text() == "c = 9  # the patch\n"
+    assert not (srt / "deleted.py").exists()
+    assert (srt / "blob.bin").read_bytes() == b"\x00mine"
+    assert os.readlink(srt / "link") == "t2.py"
+    # Only the content conflict is resolved; the save keeps the patch's side of the others.
+    (srt / "y.py").write_text("y = 2  # the patch\n")
+    saved = run_snapver("patch", "save", "md")
+    assert saved.code == 0, saved
+    store = isolated_env / "snapshots"
+    v2 = sh("git", "--git-dir", str(store), "rev-parse", "refs/tags/v2").decode().strip()
+    assert meta(store, PATCH_REF + "md")["base"] == v2
+    got = store_files(store, PATCH_REF + "md")
+    assert got["sglang/srt/changed.py"] == ("100644", b"c = 9  # the patch\n")
+    assert "sglang/srt/deleted.py" not in got
+    assert got["sglang/srt/blob.bin"][1] == b"\x00mine"
+    assert got["sglang/srt/link"] == ("120000", b"t2.py")
+    assert got["sglang/srt/y.py"][1] == b"y = 2  # the patch\n"
+    assert {f.path: f.status for f in load_patch(Store(store), "md").files} == {
+        "sglang/srt/changed.py": "A", "sglang/srt/deleted.py": "D", "sglang/srt/blob.bin": "M",
+        "sglang/srt/link": "M", "sglang/srt/y.py": "M"}
+
+
 def test_import_names_refused(small):
     _, _, config, store = small
     good = b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-one\n+ONE\n"
