@@ -218,6 +218,7 @@ def _parse_git_section(lines: list[bytes], i: int, source: str) -> tuple[FileDif
     diff = FileDiff(old_name, new_name, i + 1, git=True)
     created = deleted = False
     moved: dict[str, str | None] = {}
+    index_mode: int | None = None
     i += 1
     while i < len(lines) and lines[i].startswith(_GIT_HEADERS):
         line = lines[i].rstrip(b"\r\n")
@@ -239,7 +240,11 @@ def _parse_git_section(lines: list[bytes], i: int, source: str) -> tuple[FileDif
             moved["to"] = _header_path(line.split(b" to ", 1)[1])
         elif (match := _INDEX.match(line)) is not None:
             diff.old_oid, diff.new_oid = match[1].decode(), match[2].decode()
+            index_mode = int(match[3], 8) if match[3] else None
         i += 1
+    if index_mode is not None and diff.old_mode is None and diff.new_mode is None:
+        # A mode that does not change is only on the index line (a symlink's 120000 too).
+        diff.old_mode = diff.new_mode = index_mode
     if moved and (diff.old_path is None or diff.new_path is None):
         # The names of a pure rename, given without the a/ b/ prefixes of the git line.
         prefixes = ("a/", "b/") if git_line.startswith((b"a/", b'"a/')) else ("", "")

@@ -350,8 +350,16 @@ def _check_path_safety(path: str, state: dict[str, Entry | None], base: Base, so
         raise PatchError(f"{source}: {path} is a folder in the base, not a file")
 
 
+def _git_mode(entry: Entry) -> int:
+    """The mode git records for an entry: 120000, 100755 (owner may execute) or 100644."""
+    if entry.kind == LINK:
+        return 0o120000
+    return 0o100755 if entry.mode & 0o100 else 0o100644
+
+
 def _mode_kind(git_mode: int | None, default: Entry | None) -> tuple[str, int]:
-    if git_mode is None:
+    # git's mode of the old entry says "unchanged": keep its exact bits (0o664 is git's 100644).
+    if git_mode is None or (default is not None and git_mode == _git_mode(default)):
         return (default.kind, default.mode) if default is not None else (FILE, 0o100644)
     if stat.S_ISLNK(git_mode):
         return LINK, 0o120777
@@ -399,6 +407,10 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
                                                                  not stat.S_ISLNK(diff.old_mode)):
             raise PatchError(f"{source}: {old} is a symlink in the base; the diff treats it as a file",
                              hint="snapver never writes through a symlink")
+        if old_entry is not None and old_entry.kind == FILE and diff.old_mode is not None \
+                and stat.S_ISLNK(diff.old_mode):
+            raise PatchError(f"{source}: {old} is a file in the base; the diff treats it as a symlink",
+                             hint="is --base the snapshot the diff was made against?")
         if diff.created and current(target)[0] is not None:
             raise PatchError(f"{source}: {target}: the diff creates it, but it already exists in the base")
         if old_entry is not None and diff.binary_delta is not None:

@@ -281,6 +281,8 @@ def test_import_refuses_bad_diffs(small, tmp_path):
                               "passes through the symlink sglang/srt/etc"),
         "symlink as file": (b"--- a/sglang/srt/link.py\n+++ b/sglang/srt/link.py\n@@ -1 +1 @@\n-a.py\n+b.py\n",
                             "sglang/srt/link.py is a symlink in the base"),
+        "file as symlink": (b"diff --git a/sglang/srt/a.py b/sglang/srt/a.py\nindex 1234567..89abcde 120000\n"
+                            + good, "sglang/srt/a.py is a file in the base; the diff treats it as a symlink"),
         "outside tracked": (b"--- a/sglang/top.py\n+++ b/sglang/top.py\n@@ -1 +1 @@\n-outside the tracked tree\n"
                             b"+x\n", "not in the base"),
         "creates existing": (b"--- /dev/null\n+++ b/sglang/srt/a.py\n@@ -0,0 +1 @@\n+x\n",
@@ -305,6 +307,40 @@ def test_import_refuses_bad_diffs(small, tmp_path):
     # An explicit strip level that does not fit is refused too.
     with pytest.raises(PatchError, match="does not fit base"):
         _import(small, "strip", good, strip=0)
+
+
+def test_export_of_a_symlink_retarget_imports_back(small, run_snapver, tmp_path):
+    """git writes a symlink's mode only on its index line (`index a..b 120000`): the export
+    of a retargeted link imports back as the same patch, and a regular file's unchanged
+    mode there (git's 100644) leaves the base's exact bits (0o664 here) alone."""
+    site, store_path, _, store = small
+    os.chmod(site / "sglang/srt/a.py", 0o664)
+    assert run_snapver("pull", "small").code == 0
+    made = run_snapver("patch", "new", "relink", "--base", "small")
+    assert made.code == 0, made
+    folder = Path(made.out.strip().splitlines()[-1])
+    (folder / "sglang/srt/link.py").unlink()
+    os.symlink("crlf.py", folder / "sglang/srt/link.py")
+    (folder / "sglang/srt/a.py").write_text("edited\n")
+    assert run_snapver("patch", "save", "relink").code == 0
+    exported = export_patch(store, "relink")
+    assert b"index " in exported and b" 120000\n" in exported and b"old mode" not in exported
+    (tmp_path / "relink.diff").write_bytes(exported)
+
+    imported = run_snapver("patch", "import", "relink2", str(tmp_path / "relink.diff"), "--base", "small")
+    assert imported.code == 0, imported
+    assert store_files(store_path, PATCH_REF + "relink2") == store_files(store_path, PATCH_REF + "relink")
+    original, again = load_patch(store, "relink"), load_patch(store, "relink2")
+    assert again.base == original.base
+    assert [(f.path, f.status, f.patch) for f in again.files] == [(f.path, f.status, f.patch) for f in original.files]
+    assert [f.path for f in again.files] == ["sglang/srt/a.py", "sglang/srt/link.py"]
+    assert stat.S_IMODE(again.files[0].patch.mode) == 0o664  # type: ignore[union-attr]
+    # git apply of the export in a copy of site-packages retargets the link too.
+    target = tmp_path / "apply"
+    shutil.copytree(site, target, symlinks=True)
+    sh("git", "apply", cwd=target, input=exported)
+    assert os.readlink(target / "sglang/srt/link.py") == "crlf.py"
+    assert (target / "sglang/srt/a.py").read_text() == "edited\n"
 
 
 def test_cli_errors_are_one_line(small, run_snapver):
