@@ -444,10 +444,12 @@ def apply_hunks(path: str, original: bytes, hunks: list[Hunk]) -> bytes:
         old = hunk.old_lines
         start = hunk.old_start - 1 if hunk.old_count else hunk.old_start
         if start < cursor or lines[start:start + len(old)] != old:
-            raise PatchError(f"{path}: hunk {number} ({hunk.header}) does not apply: "
-                             + _first_difference(lines, start, old),
+            difference, endings = _first_difference(lines, start, old)
+            raise PatchError(f"{path}: hunk {number} ({hunk.header}) does not apply: {difference}",
                              hint=_elsewhere(lines, old)
-                             or "the diff was made against other content than --base holds")
+                             or (("were the diff's line endings converted (an editor, a mailer)? "
+                                  "make it again, or convert them back") if endings else
+                                 "the diff was made against other content than --base holds"))
         out += lines[cursor:start]
         out += hunk.new_lines
         cursor = start + len(old)
@@ -455,14 +457,24 @@ def apply_hunks(path: str, original: bytes, hunks: list[Hunk]) -> bytes:
     return b"".join(out)
 
 
-def _first_difference(lines: list[bytes], start: int, old: list[bytes]) -> str:
+def _first_difference(lines: list[bytes], start: int, old: list[bytes]) -> tuple[str, bool]:
+    """Where the hunk's old lines first differ from the file, and whether only by line ending."""
     for offset, expected in enumerate(old):
         number = start + offset
         actual = lines[number] if 0 <= number < len(lines) else None
+        if actual is not None and actual != expected and _show(actual) == _show(expected):
+            # Shown without their endings the two would look equal.
+            endings = f"{_ending(expected)} in the diff, {_ending(actual)} in the file"
+            return f"line {number + 1}: the line endings differ ({endings})", True
         if actual != expected:
             found = "the end of the file" if actual is None else repr(_show(actual))
-            return f"line {number + 1}: expected {_show(expected)!r}, found {found}"
-    return f"it overlaps the hunk before it (line {start + 1})"
+            return f"line {number + 1}: expected {_show(expected)!r}, found {found}", False
+    return f"it overlaps the hunk before it (line {start + 1})", False
+
+
+def _ending(line: bytes) -> str:
+    return "CRLF" if line.endswith(b"\r\n") else "LF" if line.endswith(b"\n") else \
+        "CR" if line.endswith(b"\r") else "none"
 
 
 def _elsewhere(lines: list[bytes], old: list[bytes]) -> str:

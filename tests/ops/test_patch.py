@@ -272,6 +272,10 @@ def test_import_refuses_bad_diffs(small, tmp_path):
         "no diff": (b"just some text\n", "holds no unified diff"),
         "wrong base content": (good.replace(b"-three", b"-tree"), "hunk 1 (@@ -2,3 +2,3 @@) does not apply: "
                                "line 3: expected 'tree', found 'three'"),
+        "CRLF diff": (good.replace(b"\n", b"\r\n"), "hunk 1 (@@ -2,3 +2,3 @@) does not apply: line 2: "
+                      "the line endings differ (CRLF in the diff, LF in the file)"),
+        "no final newline": (good.replace(b" four\n", b" four\n\\ No newline at end of file\n"),
+                             "line 4: the line endings differ (none in the diff, LF in the file)"),
         "wrong position": (good.replace(b"@@ -2,3 +2,3 @@", b"@@ -5,3 +5,3 @@"), "are at line 2 instead"),
         "wrong index blob": (b"diff --git a/sglang/srt/a.py b/sglang/srt/a.py\nindex 1234567..89abcde 100644\n"
                              + good, "made against blob 1234567"),
