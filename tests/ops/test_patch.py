@@ -368,8 +368,10 @@ def test_new_and_save_record_the_checkout(small, run_snapver, isolated_env):
     site, store_path, _, _ = small
     result = run_snapver("patch", "new", "edit", "--base", "small", "--nodes", "small")
     assert result.code == 0, result
-    folder = Path(result.out.strip().splitlines()[-1])
-    assert folder == isolated_env / ".snapver-patches" / "edit"
+    # stdout is the folder alone (`cd "$(snapver patch new …)"`); what to do next goes to stderr.
+    assert result.out == f"{isolated_env / '.snapver-patches' / 'edit'}\n", result
+    assert "files checked out" in result.err and "snapver patch save edit" in result.err, result
+    folder = Path(result.out.strip())
     # The checkout is the base tree exactly (links as links, modes).
     assert tree_hashes(folder) == tree_hashes(site)
     assert os.readlink(folder / "sglang/srt/link.py") == "a.py"
