@@ -218,6 +218,7 @@ def _parse_git_section(lines: list[bytes], i: int, source: str) -> tuple[FileDif
     diff = FileDiff(old_name, new_name, i + 1, git=True)
     created = deleted = False
     moved: dict[str, str | None] = {}
+    index_mode: int | None = None
     i += 1
     while i < len(lines) and lines[i].startswith(_GIT_HEADERS):
         line = lines[i].rstrip(b"\r\n")
@@ -239,7 +240,11 @@ def _parse_git_section(lines: list[bytes], i: int, source: str) -> tuple[FileDif
             moved["to"] = _header_path(line.split(b" to ", 1)[1])
         elif (match := _INDEX.match(line)) is not None:
             diff.old_oid, diff.new_oid = match[1].decode(), match[2].decode()
+            index_mode = int(match[3], 8) if match[3] else None
         i += 1
+    if index_mode is not None and diff.old_mode is None and diff.new_mode is None:
+        # A mode that does not change is only on the index line (a symlink's 120000 too).
+        diff.old_mode = diff.new_mode = index_mode
     if moved and (diff.old_path is None or diff.new_path is None):
         # The names of a pure rename, given without the a/ b/ prefixes of the git line.
         prefixes = ("a/", "b/") if git_line.startswith((b"a/", b'"a/')) else ("", "")
@@ -439,10 +444,12 @@ def apply_hunks(path: str, original: bytes, hunks: list[Hunk]) -> bytes:
         old = hunk.old_lines
         start = hunk.old_start - 1 if hunk.old_count else hunk.old_start
         if start < cursor or lines[start:start + len(old)] != old:
-            raise PatchError(f"{path}: hunk {number} ({hunk.header}) does not apply: "
-                             + _first_difference(lines, start, old),
+            difference, endings = _first_difference(lines, start, old)
+            raise PatchError(f"{path}: hunk {number} ({hunk.header}) does not apply: {difference}",
                              hint=_elsewhere(lines, old)
-                             or "the diff was made against other content than --base holds")
+                             or (("were the diff's line endings converted (an editor, a mailer)? "
+                                  "make it again, or convert them back") if endings else
+                                 "the diff was made against other content than --base holds"))
         out += lines[cursor:start]
         out += hunk.new_lines
         cursor = start + len(old)
@@ -450,14 +457,24 @@ def apply_hunks(path: str, original: bytes, hunks: list[Hunk]) -> bytes:
     return b"".join(out)
 
 
-def _first_difference(lines: list[bytes], start: int, old: list[bytes]) -> str:
+def _first_difference(lines: list[bytes], start: int, old: list[bytes]) -> tuple[str, bool]:
+    """Where the hunk's old lines first differ from the file, and whether only by line ending."""
     for offset, expected in enumerate(old):
         number = start + offset
         actual = lines[number] if 0 <= number < len(lines) else None
+        if actual is not None and actual != expected and _show(actual) == _show(expected):
+            # Shown without their endings the two would look equal.
+            endings = f"{_ending(expected)} in the diff, {_ending(actual)} in the file"
+            return f"line {number + 1}: the line endings differ ({endings})", True
         if actual != expected:
             found = "the end of the file" if actual is None else repr(_show(actual))
-            return f"line {number + 1}: expected {_show(expected)!r}, found {found}"
-    return f"it overlaps the hunk before it (line {start + 1})"
+            return f"line {number + 1}: expected {_show(expected)!r}, found {found}", False
+    return f"it overlaps the hunk before it (line {start + 1})", False
+
+
+def _ending(line: bytes) -> str:
+    return "CRLF" if line.endswith(b"\r\n") else "LF" if line.endswith(b"\n") else \
+        "CR" if line.endswith(b"\r") else "none"
 
 
 def _elsewhere(lines: list[bytes], old: list[bytes]) -> str:

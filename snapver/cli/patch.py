@@ -67,14 +67,15 @@ def new(
     config = STATE.config()
     store = STATE.store(config)
     result = new_patch(store, config, name, base, nodes or [], message, from_folder, root)
-    out = console()
+    # stdout is the folder alone, so that `cd "$(snapver patch new …)"` works; the rest is for a person.
+    err = console(stderr=True)
     if from_folder is not None:
-        out.print(f"patch {escape(name)}: {len(result.patch.files)} file(s) from {escape(from_folder)}")
+        err.print(f"patch {escape(name)}: {len(result.patch.files)} file(s) from {escape(from_folder)}")
         for item in result.patch.files:
-            out.print(_status_line(item.status, item.path))
-    out.print(f"patch {escape(name)} on {result.patch.base[:10]} ({escape(result.patch.base_node)}): "
+            err.print(_status_line(item.status, item.path))
+    err.print(f"patch {escape(name)} on {result.patch.base[:10]} ({escape(result.patch.base_node)}): "
               f"{result.files} files checked out")
-    out.print(f"edit the files under it, then run `snapver patch save {escape(name)}`:", style=None)
+    err.print(f"edit the files under it, then run `snapver patch save {escape(name)}`:", style=None)
     print(result.folder)
     return 0
 
@@ -289,7 +290,8 @@ def rebase(
         return 0
     err = console(stderr=True)
     err.print(f"snapver: error: patch {escape(name)}: {len(result.conflicts)} file(s) conflict; nothing recorded")
-    err.print(f"hint: the merge (with conflict markers) is checked out in {escape(str(result.checkout))}; "
+    err.print(f"hint: the merge (conflict markers, or the patch's side where none can go) is checked out in "
+              f"{escape(str(result.checkout))}; "
               f"resolve it, then `snapver patch save {escape(name)}`")
     return 1
 

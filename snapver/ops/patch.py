@@ -350,8 +350,16 @@ def _check_path_safety(path: str, state: dict[str, Entry | None], base: Base, so
         raise PatchError(f"{source}: {path} is a folder in the base, not a file")
 
 
+def _git_mode(entry: Entry) -> int:
+    """The mode git records for an entry: 120000, 100755 (owner may execute) or 100644."""
+    if entry.kind == LINK:
+        return 0o120000
+    return 0o100755 if entry.mode & 0o100 else 0o100644
+
+
 def _mode_kind(git_mode: int | None, default: Entry | None) -> tuple[str, int]:
-    if git_mode is None:
+    # git's mode of the old entry says "unchanged": keep its exact bits (0o664 is git's 100644).
+    if git_mode is None or (default is not None and git_mode == _git_mode(default)):
         return (default.kind, default.mode) if default is not None else (FILE, 0o100644)
     if stat.S_ISLNK(git_mode):
         return LINK, 0o120777
@@ -399,6 +407,10 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
                                                                  not stat.S_ISLNK(diff.old_mode)):
             raise PatchError(f"{source}: {old} is a symlink in the base; the diff treats it as a file",
                              hint="snapver never writes through a symlink")
+        if old_entry is not None and old_entry.kind == FILE and diff.old_mode is not None \
+                and stat.S_ISLNK(diff.old_mode):
+            raise PatchError(f"{source}: {old} is a file in the base; the diff treats it as a symlink",
+                             hint="is --base the snapshot the diff was made against?")
         if diff.created and current(target)[0] is not None:
             raise PatchError(f"{source}: {target}: the diff creates it, but it already exists in the base")
         if old_entry is not None and diff.binary_delta is not None:
@@ -798,7 +810,9 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
 
     Clean: a new patch commit on the new base. Conflicts: nothing is recorded; the
     merged tree, conflict markers included, is checked out for editing and
-    `patch save` finishes the rebase.
+    `patch save` finishes the rebase. A conflict markers cannot show (modify/delete,
+    binary, symlink) is checked out as the patch has it, so a save never drops the
+    patch's side of it unseen.
     """
     patch = load_patch(store, name)
     onto = resolve_base(store, config, onto_ref)
@@ -831,15 +845,23 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
             what = ("added by the patch and by the new base" if old is None else
                     "deleted by the patch, changed in the new base" if mine is None else
                     "changed by the patch, deleted in the new base" if new_base is None else "not a plain file")
-            results.append(RebasedFile(item.path, "conflict", what))
             if mine is not None and new_base is not None and mine.kind == FILE == new_base.kind:
                 merged, _ = _merge3(store.read_blob(mine.oid), b"", store.read_blob(new_base.oid), labels)
                 overrides[item.path] = merged
                 changes[item.path] = (entry_for(item.path, FILE, mine.mode, merged), merged)
+            else:
+                # No markers can hold both sides: the checkout holds the patch's (its file, or
+                # none where it deletes), so a save leaves the patch's change in unless edited.
+                changes[item.path] = (mine, None)
+                what += (f"; left deleted in the checkout (the new base's: `snapver show {onto.commit[:10]} "
+                         f"{item.path}`)" if mine is None else "; the patch's version is checked out")
+            results.append(RebasedFile(item.path, "conflict", what))
         else:
             datas = [store.read_blob(e.oid) for e in (mine, old, new_base)]
             if any(b"\0" in d for d in datas):
-                results.append(RebasedFile(item.path, "conflict", "binary content changed on both sides"))
+                results.append(RebasedFile(item.path, "conflict", "binary content changed on both sides; "
+                                           "the patch's version is checked out"))
+                changes[item.path] = (mine, None)  # the patch's side, as above
                 continue
             merged, conflicts = _merge3(*datas, labels)
             mode = mine.mode if stat.S_IMODE(mine.mode) != stat.S_IMODE(old.mode) else new_base.mode

@@ -187,7 +187,8 @@ def test_patch_new_from_a_folder(story: dict, tmp_path: Path) -> None:
     (story["folder"] / "speculative" / "new_helper.py").write_text("HELPER = 1\n")
     result = run_inproc("patch", "new", "may22-fix", "--base", "ct200", "--from", "./remote_sglang_snapshot")
     assert result.code == 0, result.err
-    assert f"M  {WORKER}" in result.out and "A  sglang/srt/speculative/new_helper.py" in result.out
+    assert f"M  {WORKER}" in result.err and "A  sglang/srt/speculative/new_helper.py" in result.err
+    assert result.out == f"{Path.cwd() / '.snapver-patches' / 'may22-fix'}\n"  # stdout: the folder alone
     exported = run_inproc("patch", "export", "may22-fix")
     assert exported.code == 0
     # The exported patch turns a copy of the node's tree into the folder's (checked with patch -p1).

@@ -272,6 +272,10 @@ def test_import_refuses_bad_diffs(small, tmp_path):
         "no diff": (b"just some text\n", "holds no unified diff"),
         "wrong base content": (good.replace(b"-three", b"-tree"), "hunk 1 (@@ -2,3 +2,3 @@) does not apply: "
                                "line 3: expected 'tree', found 'three'"),
+        "CRLF diff": (good.replace(b"\n", b"\r\n"), "hunk 1 (@@ -2,3 +2,3 @@) does not apply: line 2: "
+                      "the line endings differ (CRLF in the diff, LF in the file)"),
+        "no final newline": (good.replace(b" four\n", b" four\n\\ No newline at end of file\n"),
+                             "line 4: the line endings differ (none in the diff, LF in the file)"),
         "wrong position": (good.replace(b"@@ -2,3 +2,3 @@", b"@@ -5,3 +5,3 @@"), "are at line 2 instead"),
         "wrong index blob": (b"diff --git a/sglang/srt/a.py b/sglang/srt/a.py\nindex 1234567..89abcde 100644\n"
                              + good, "made against blob 1234567"),
@@ -281,6 +285,8 @@ def test_import_refuses_bad_diffs(small, tmp_path):
                               "passes through the symlink sglang/srt/etc"),
         "symlink as file": (b"--- a/sglang/srt/link.py\n+++ b/sglang/srt/link.py\n@@ -1 +1 @@\n-a.py\n+b.py\n",
                             "sglang/srt/link.py is a symlink in the base"),
+        "file as symlink": (b"diff --git a/sglang/srt/a.py b/sglang/srt/a.py\nindex 1234567..89abcde 120000\n"
+                            + good, "sglang/srt/a.py is a file in the base; the diff treats it as a symlink"),
         "outside tracked": (b"--- a/sglang/top.py\n+++ b/sglang/top.py\n@@ -1 +1 @@\n-outside the tracked tree\n"
                             b"+x\n", "not in the base"),
         "creates existing": (b"--- /dev/null\n+++ b/sglang/srt/a.py\n@@ -0,0 +1 @@\n+x\n",
@@ -307,6 +313,40 @@ def test_import_refuses_bad_diffs(small, tmp_path):
         _import(small, "strip", good, strip=0)
 
 
+def test_export_of_a_symlink_retarget_imports_back(small, run_snapver, tmp_path):
+    """git writes a symlink's mode only on its index line (`index a..b 120000`): the export
+    of a retargeted link imports back as the same patch, and a regular file's unchanged
+    mode there (git's 100644) leaves the base's exact bits (0o664 here) alone."""
+    site, store_path, _, store = small
+    os.chmod(site / "sglang/srt/a.py", 0o664)
+    assert run_snapver("pull", "small").code == 0
+    made = run_snapver("patch", "new", "relink", "--base", "small")
+    assert made.code == 0, made
+    folder = Path(made.out.strip().splitlines()[-1])
+    (folder / "sglang/srt/link.py").unlink()
+    os.symlink("crlf.py", folder / "sglang/srt/link.py")
+    (folder / "sglang/srt/a.py").write_text("edited\n")
+    assert run_snapver("patch", "save", "relink").code == 0
+    exported = export_patch(store, "relink")
+    assert b"index " in exported and b" 120000\n" in exported and b"old mode" not in exported
+    (tmp_path / "relink.diff").write_bytes(exported)
+
+    imported = run_snapver("patch", "import", "relink2", str(tmp_path / "relink.diff"), "--base", "small")
+    assert imported.code == 0, imported
+    assert store_files(store_path, PATCH_REF + "relink2") == store_files(store_path, PATCH_REF + "relink")
+    original, again = load_patch(store, "relink"), load_patch(store, "relink2")
+    assert again.base == original.base
+    assert [(f.path, f.status, f.patch) for f in again.files] == [(f.path, f.status, f.patch) for f in original.files]
+    assert [f.path for f in again.files] == ["sglang/srt/a.py", "sglang/srt/link.py"]
+    assert stat.S_IMODE(again.files[0].patch.mode) == 0o664  # type: ignore[union-attr]
+    # git apply of the export in a copy of site-packages retargets the link too.
+    target = tmp_path / "apply"
+    shutil.copytree(site, target, symlinks=True)
+    sh("git", "apply", cwd=target, input=exported)
+    assert os.readlink(target / "sglang/srt/link.py") == "crlf.py"
+    assert (target / "sglang/srt/a.py").read_text() == "edited\n"
+
+
 def test_cli_errors_are_one_line(small, run_snapver):
     site, store_path, _, _ = small
     Path("bad.diff").write_bytes(b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -2,3 +2,3 @@\n two\n-x\n")
@@ -328,8 +368,10 @@ def test_new_and_save_record_the_checkout(small, run_snapver, isolated_env):
     site, store_path, _, _ = small
     result = run_snapver("patch", "new", "edit", "--base", "small", "--nodes", "small")
     assert result.code == 0, result
-    folder = Path(result.out.strip().splitlines()[-1])
-    assert folder == isolated_env / ".snapver-patches" / "edit"
+    # stdout is the folder alone (`cd "$(snapver patch new …)"`); what to do next goes to stderr.
+    assert result.out == f"{isolated_env / '.snapver-patches' / 'edit'}\n", result
+    assert "files checked out" in result.err and "snapver patch save edit" in result.err, result
+    folder = Path(result.out.strip())
     # The checkout is the base tree exactly (links as links, modes).
     assert tree_hashes(folder) == tree_hashes(site)
     assert os.readlink(folder / "sglang/srt/link.py") == "a.py"
@@ -460,6 +502,64 @@ def test_rebase_carries_a_patch_to_a_new_base(make_site_packages, write_config, 
     assert (target / "sglang/srt/a.py").read_bytes() == got["sglang/srt/a.py"][1]
     assert v1  # the v1 content was only the starting point
     assert hashlib.sha256(got["sglang/srt/a.py"][1]).hexdigest() != hashlib.sha256(v1["sglang/srt/a.py"]).hexdigest()
+
+
+def test_rebase_conflict_without_markers_keeps_the_patch_side(make_site_packages, write_config, local_node,
+                                                               run_snapver, isolated_env):
+    """A modify/delete (either way), binary or symlink conflict has no markers to show both
+    sides: the checkout holds the patch's side, so a save that leaves it alone keeps the
+    patch's change instead of silently taking the new base's."""
+    v1 = {"sglang/srt/changed.py": "c = 1\n", "sglang/srt/deleted.py": "d = 1\n",
+          "sglang/srt/blob.bin": b"\x00v1", "sglang/srt/y.py": "y = 1\n",
+          "sglang/srt/t1.py": "", "sglang/srt/t2.py": ""}
+    site = make_site_packages("node", files=v1)
+    os.symlink("t1.py", site / "sglang/srt/link")
+    config_path = write_config({"node": local_node(site)})
+    snapshot(config_path, "node", "v1")
+    folder = Path(run_snapver("patch", "new", "md", "--base", "v1").out.strip().splitlines()[-1])
+    srt = folder / "sglang/srt"
+    (srt / "changed.py").write_text("c = 9  # the patch\n")
+    (srt / "deleted.py").unlink()
+    (srt / "blob.bin").write_bytes(b"\x00mine")
+    (srt / "link").unlink()
+    os.symlink("t2.py", srt / "link")
+    (srt / "y.py").write_text("y = 1  # the patch\n")
+    assert run_snapver("patch", "save", "md").code == 0
+    # The next release deletes what the patch changed, changes what it deleted, and
+    # changes the binary file, the link and y.py too.
+    (site / "sglang/srt/changed.py").unlink()
+    (site / "sglang/srt/deleted.py").write_text("d = 2  # upstream\n")
+    (site / "sglang/srt/blob.bin").write_bytes(b"\x00theirs")
+    (site / "sglang/srt/link").unlink()
+    os.symlink("y.py", site / "sglang/srt/link")
+    (site / "sglang/srt/y.py").write_text("y = 2\n")
+    snapshot(config_path, "node", "v2")
+
+    rebased = run_snapver("patch", "rebase", "md", "--onto", "v2")
+    assert rebased.code == 1, rebased
+    conflicts = {line.split()[1].rstrip(":") for line in rebased.out.splitlines() if line.split()[0] == "conflict"}
+    assert conflicts == {"sglang/srt/changed.py", "sglang/srt/deleted.py", "sglang/srt/blob.bin",
+                         "sglang/srt/link", "sglang/srt/y.py"}, rebased
+    assert (srt / "changed.py").read_text() == "c = 9  # the patch\n"
+    assert not (srt / "deleted.py").exists()
+    assert (srt / "blob.bin").read_bytes() == b"\x00mine"
+    assert os.readlink(srt / "link") == "t2.py"
+    # Only the content conflict is resolved; the save keeps the patch's side of the others.
+    (srt / "y.py").write_text("y = 2  # the patch\n")
+    saved = run_snapver("patch", "save", "md")
+    assert saved.code == 0, saved
+    store = isolated_env / "snapshots"
+    v2 = sh("git", "--git-dir", str(store), "rev-parse", "refs/tags/v2").decode().strip()
+    assert meta(store, PATCH_REF + "md")["base"] == v2
+    got = store_files(store, PATCH_REF + "md")
+    assert got["sglang/srt/changed.py"] == ("100644", b"c = 9  # the patch\n")
+    assert "sglang/srt/deleted.py" not in got
+    assert got["sglang/srt/blob.bin"][1] == b"\x00mine"
+    assert got["sglang/srt/link"] == ("120000", b"t2.py")
+    assert got["sglang/srt/y.py"][1] == b"y = 2  # the patch\n"
+    assert {f.path: f.status for f in load_patch(Store(store), "md").files} == {
+        "sglang/srt/changed.py": "A", "sglang/srt/deleted.py": "D", "sglang/srt/blob.bin": "M",
+        "sglang/srt/link": "M", "sglang/srt/y.py": "M"}
 
 
 def test_import_names_refused(small):
