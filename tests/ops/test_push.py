@@ -343,6 +343,42 @@ def test_failure_mid_fleet_rolls_back(fleet, run_snapver):
         assert records(store, name)[0]["state"] == "done"
 
 
+def test_failure_in_a_later_wave_rolls_back_the_earlier_waves(fleet, run_snapver):
+    """SPEC: a node that fails mid-push rolls back every node already written, the finished
+    waves' too; --keep-going leaves them patched, and the output names them."""
+    sites, store, _ = fleet
+    original = {name: tree_hashes(site) for name, site in sites.items()}
+    failing = "case $SNAPVER_SITE_PACKAGES in */fleet02/*) echo 'ImportError: broken' >&2; exit 1;; esac"
+    result = run_snapver("push", "fix", "--yes", "--waves", "1,2,100%", "--health", failing)
+    assert result.code == 3, result
+    assert "wave 3: fleet02" in result.out and "push stopped after 2 of 3 wave(s) finished" in result.err, result
+    for name in ("fleet00", "fleet01"):
+        assert f"{name}: rolled back as well (its wave finished before the failure):" in result.err, result
+    assert "still patched" not in result.err, result
+    for name, site in sites.items():
+        assert tree_hashes(site) == original[name], name
+    assert [records(store, name)[0]["action"] for name in sites] == ["rollback", "rollback", "push"]
+    assert [records(store, name)[0]["state"] for name in sites] == ["done", "done", "rolled-back"]
+
+    result = run_snapver("push", "fix", "--yes", "--waves", "1,2,100%", "--health", failing, "--keep-going")
+    assert result.code == 3, result
+    assert "still patched: fleet00, fleet01 (`snapver rollback fleet00 fleet01` undoes it)" in result.err, result
+    assert "rolled back as well" not in result.err, result
+    for name in ("fleet00", "fleet01"):
+        assert (sites[name] / "sglang/srt/a.py").read_text() == "a = 2\n"
+        assert records(store, name)[0]["state"] == "done"
+    assert tree_hashes(sites["fleet02"]) == original["fleet02"]
+    assert run_snapver("rollback", "fleet00", "fleet01", "--yes").code == 0
+
+    # Without waves, --keep-going names the nodes it leaves patched too.
+    failing = failing.replace("fleet02", "fleet01")
+    result = run_snapver("push", "fix", "--yes", "--health", failing, "--keep-going", "--json")
+    assert result.code == 3 and json.loads(result.out)["patched"] == ["fleet00", "fleet02"], result
+    assert run_snapver("rollback", "fleet00", "fleet02", "--yes").code == 0
+    result = run_snapver("push", "fix", "--yes", "--health", failing, "--keep-going")
+    assert result.code == 3 and "still patched: fleet00, fleet02" in result.err, result
+
+
 def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, ssh_node, make_site_packages,
                                                           run_snapver):
     sites, store, _ = fleet
