@@ -407,6 +407,56 @@ def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, s
     assert git(store, "for-each-ref", PUSHES) == ""
 
 
+def imports(site: Path, module: str) -> str:
+    """What importing ``module`` on the node's python (cwd: its site-packages) finds: the
+    file it loaded from, or the error."""
+    done = subprocess.run([sys.executable, "-B", "-c", f"import {module} as m; print(m.__file__)"], cwd=site,
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_legacy_bytecode_beside_a_changed_or_deleted_module_is_removed(transport, make_site_packages, write_config,
+                                                                      local_node, ssh_node, run_snapver):
+    """SPEC: push removes stale bytecode of the modules it changes, a Python-2-style
+    ``x.pyc`` beside ``x.py`` too (with the source deleted, a sourceless import loads it).
+    One beside a module the push adds is no bytecode of a module it changes: it stays. The
+    rollback needs none of it back (snapshots exclude ``*.pyc``)."""
+    import py_compile
+
+    srt = "sglang/srt"
+    site = make_site_packages("ct200", files={f"{srt}/speculative/dflash_worker.py": "def f():\n    return 1\n",
+                                              f"{srt}/a.py": "X = 1\n", f"{srt}/keep.py": "K = 1\n"})
+    (site / f"{srt}/sourceless.py").write_text("S = 1\n")
+    for module in ("speculative/dflash_worker", "a", "keep", "sourceless"):
+        py_compile.compile(str(site / f"{srt}/{module}.py"), cfile=str(site / f"{srt}/{module}.pyc"), doraise=True)
+    (site / f"{srt}/sourceless.py").unlink()  # installed as bytecode only
+    assert imports(site, "sglang.srt.sourceless").endswith("sourceless.pyc")
+    config = write_config({"ct200": local_node(site) if transport == "local" else ssh_node("ct200", site)})
+    Path("p.diff").write_bytes(
+        b"--- a/sglang/srt/speculative/dflash_worker.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-def f():\n-    return 1\n"
+        b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-X = 1\n+X = 2\n"
+        b"--- /dev/null\n+++ b/sglang/srt/sourceless.py\n@@ -0,0 +1 @@\n+S = 2\n")
+    prepare(config, ("ct200",), ("p", Path("p.diff"), "ct200", ("ct200",)))
+    original = tree_hashes(site, exclude_pycache=False)
+
+    result = run_snapver("push", "p", "--yes", "--json")
+    assert result.code == 0, result
+    assert sorted(json.loads(result.out)["results"][0]["bytecode_removed"]) == [
+        f"{srt}/a.pyc", f"{srt}/speculative/dflash_worker.pyc"]
+    assert imports(site, "sglang.srt.speculative.dflash_worker") == \
+        "ModuleNotFoundError: No module named 'sglang.srt.speculative'"  # the emptied folder is gone too
+    assert not (site / f"{srt}/a.pyc").exists() and imports(site, "sglang.srt.a").endswith("a.py")
+    assert (site / f"{srt}/keep.pyc").exists() and (site / f"{srt}/sourceless.pyc").exists()
+    assert imports(site, "sglang.srt.sourceless").endswith("sourceless.py")
+
+    result = run_snapver("rollback", "ct200", "--yes")
+    assert result.code == 0, result
+    assert tree_hashes(site) == {path: entry for path, entry in original.items() if not path.endswith(".pyc")}
+    assert imports(site, "sglang.srt.speculative.dflash_worker").endswith("dflash_worker.py")
+    assert (site / f"{srt}/keep.pyc").exists()
+
+
 def test_node_side_refuses_unsafe_paths(make_site_packages, ssh_node, sshd, tmp_path):
     site = make_site_packages("ct200", files={"sglang/srt/a.py": "a\n"})
     outside = tmp_path / "outside"
