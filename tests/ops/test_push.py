@@ -496,7 +496,9 @@ def test_push_refuses_a_symlinked_folder_on_the_node(make_site_packages, write_c
     Path("m.diff").write_bytes(b"--- a/sglang/srt/sub/m.py\n+++ b/sglang/srt/sub/m.py\n@@ -1 +1 @@\n-m = 1\n+m = 2\n")
     prepare(config, ("good",), ("m", Path("m.diff"), "good", ()))
     result = run_snapver("push", "m", "good", "bad", "--yes")
-    assert result.code == 3, result
+    # A refusal like a conflict's (SPEC: exit 1), not an unreachable node's (3).
+    assert result.code == 1, result
+    assert "push refused, no node was changed: bad: refused:" in result.err, result
     assert "passes through the symlink" in result.err
     assert (outside / "m.py").read_text() == "m = 1\n" and (good / "sglang/srt/sub/m.py").read_text() == "m = 1\n"
 
