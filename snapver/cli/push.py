@@ -13,6 +13,7 @@ from snapver.cli.render import console, emit_json, escape, show_path
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan, NodeRun
+    from snapver.ops.push import PushResult
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
@@ -127,9 +128,23 @@ def _render_waves_end(outcome: "object", action: str = "push") -> None:
     left = [run.node for run in runs if run.state == "cancelled" and not run.written]
     console(stderr=True).print(f"[red]{action} stopped[/red] after {finished} of {total} wave(s) finished; "
                                f"not written: {escape(', '.join(left)) or '-'}")
-    for run in outcome.rolled_back if isinstance(outcome, WavesResult) else ():
-        console(stderr=True).print(f"{escape(run.node)}: --rollback-all:")
+    if not isinstance(outcome, WavesResult):
+        return
+    for run in outcome.rolled_back:
+        if run.record is None and run.state == "done":
+            console(stderr=True).print(f"{escape(run.node)}: already as before the push; nothing to roll back")
+            continue
+        console(stderr=True).print(f"{escape(run.node)}: rolled back as well (its wave finished before the failure):")
         render_run(run)
+    render_patched(outcome)
+
+
+def render_patched(result: "PushResult") -> None:
+    """After a push that failed or stopped: the nodes it leaves patched, by name."""
+    if result.patched:
+        names = ", ".join(result.patched)
+        console(stderr=True).print(f"[yellow]still patched[/yellow]: {escape(names)} "
+                                   f"(`snapver rollback {escape(names.replace(', ', ' '))}` undoes it)")
 
 
 def confirm(yes: bool, question: str) -> bool:
@@ -154,7 +169,8 @@ def push(
     force: bool = typer.Option(False, "--force", help="Overwrite files that are neither the base nor the patch."),
     allow_broken: bool = typer.Option(False, "--allow-broken", help="Push files with conflict markers or that "
                                       "do not compile under the node's Python (recorded)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes when one fails."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes (nor the "
+                                    "finished waves) when one fails."),
     health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
@@ -174,7 +190,8 @@ def push(
     pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
                                 help="Wait this long between waves (on a terminal without --yes: ask)."),
     rollback_all: bool = typer.Option(False, "--rollback-all",
-                                      help="When a wave fails, also roll back the waves that finished."),
+                                      help="When a wave fails, also roll back the waves that finished: now the "
+                                      "default (kept for old scripts); with --keep-going it still does."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written.
@@ -186,7 +203,7 @@ def push(
     """
     from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push, roll_back_finished_waves
+    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push
 
     config = STATE.config()
     waves_spec = waves if waves is not None else config.waves
@@ -231,11 +248,10 @@ def push(
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
         if waves_spec is not None:
-            result = apply_push_waves(store, plan, waves_spec, hooks, keep_going,
+            result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
-                                      on_wave=None if json_out else _render_wave)
-            if rollback_all and result.stopped:
-                result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+                                      on_wave=None if json_out else _render_wave,
+                                      roll_back_finished=True if rollback_all else None)
         else:
             result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
@@ -247,6 +263,8 @@ def push(
     else:
         for run in result.nodes:
             render_run(run)
+        if result.exit_code:
+            render_patched(result)
         render_stale(stale, "push")
     interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 
 from snapver import interrupt
 from snapver.config import NodeSpec
-from snapver.errors import Cancelled, ConflictError, RemotePathError, SnapverError, StoreError, TransportError
+from snapver.errors import Cancelled, ConflictError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
 from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
@@ -139,11 +139,12 @@ def open_node(spec: NodeSpec) -> Transport:
 
 
 def check_paths(transport: Transport, spec: NodeSpec, paths: list[str]) -> dict[str, Live | None]:
-    """The live state of ``paths``; a path through a symlink (or otherwise unsafe) refuses."""
+    """The live state of ``paths``; a path through a symlink (or otherwise unsafe) refuses,
+    as a conflict does (exit 1): the node is reachable, its tree is what forbids writing."""
     reply = transport.call("check", tracked=list(spec.paths), files=paths)
     if reply["unsafe"]:
         first = sorted(reply["unsafe"].values())[0]
-        raise RemotePathError(f"{spec.name}: refused: {first}",
+        raise ConflictError(f"{spec.name}: refused: {first}",
                               hint="snapver never writes through a symlink or outside the tracked paths")
     return {path: Live.of(state) for path, state in reply["states"].items()}
 
@@ -208,8 +209,8 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
     if not todo:
         return WriteResult()
     reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo], partial=partial)
-    if reply.get("unsafe"):
-        return WriteResult(error=RemotePathError(
+    if reply.get("unsafe"):  # made unsafe since the plan (a folder swapped for a link): as a change since it
+        return WriteResult(error=ConflictError(
             f"{spec.name}: refused: {sorted(reply['unsafe'].values())[0]}",
             hint="snapver never writes through a symlink or outside the tracked paths"))
     if reply.get("conflicts"):

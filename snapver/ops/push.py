@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from snapver import interrupt
 from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
@@ -204,8 +205,15 @@ class PushResult:
         codes = [n.exit_code for n in self.nodes] + [n.error.exit_code for n in self.plan.errors if n.error]
         return max(codes, default=0)
 
+    @property
+    def patched(self) -> list[str]:
+        """The nodes this push leaves written: finished, or failed with an undo that did not
+        complete (what a push that failed with ``keep_going`` must name)."""
+        return [run.node for run in self.nodes if run.state == "done" or run.rollback_error is not None]
+
     def to_json(self) -> dict[str, Any]:
-        return {**self.plan.to_json(), "results": [n.to_json() for n in self.nodes], "exit_code": self.exit_code}
+        return {**self.plan.to_json(), "results": [n.to_json() for n in self.nodes], "patched": self.patched,
+                "exit_code": self.exit_code}
 
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
@@ -268,30 +276,45 @@ def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: boo
 # -- canary waves -----------------------------------------------------------------------
 @dataclass
 class WavesResult(PushResult):
-    """A push in waves: ``finished`` waves of ``waves``; nodes of later waves untouched."""
+    """A push in waves: ``finished`` waves of ``waves``; nodes of later waves untouched.
+    ``rolled_back``: the rollbacks of the finished waves' nodes after a later wave failed."""
 
     waves: list[list[str]] = field(default_factory=list)
     finished: int = 0
     spec: str = ""
-    rolled_back: list[NodeRun] = field(default_factory=list)  # --rollback-all: finished waves undone
+    rolled_back: list[NodeRun] = field(default_factory=list)
 
     @property
     def stopped(self) -> bool:
         return self.finished < len(self.waves)
+
+    @property
+    def exit_code(self) -> int:
+        return max([super().exit_code] + [run.exit_code for run in self.rolled_back])
+
+    @property
+    def patched(self) -> list[str]:
+        # A rollback whose restart or health check failed has restored the files all the same.
+        restored = {run.node for run in self.rolled_back if run.state == "done" or run.hooks_started}
+        return [node for node in super().patched if node not in restored]
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
                 "stopped": self.stopped, "rolled_back": [run.to_json() for run in self.rolled_back]}
 
 
-def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
+def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
                      keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
-                     on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> WavesResult:
+                     on_wave: Callable[[int, list[NodeRun]], None] | None = None,
+                     roll_back_finished: bool | None = None) -> WavesResult:
     """Write the plan wave by wave (see ``ops/waves.run_waves``): each wave is written,
     restarted and health-checked (``execute``) before the next begins. A failed node
-    rolls back its wave (unless ``keep_going``) and stops the push: later waves are not
-    written, and their nodes get a "cancelled" record saying where the push stopped.
-    ``between(next_wave_index, its nodes)`` may stop the push between waves (False)."""
+    rolls back its wave and the waves that finished before it, unless ``keep_going``
+    (SPEC: the nodes already written are rolled back), and stops the push: later waves
+    are not written, and their nodes get a "cancelled" record saying where the push
+    stopped. ``roll_back_finished`` overrides whether the finished waves are rolled back
+    (None: unless ``keep_going``). ``between(next_wave_index, its nodes)`` may stop the
+    push between waves (False): no node failed, so the finished waves stay patched."""
     if plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
         apply_push(store, plan)  # raises the refusal
     patch = plan.patch
@@ -302,14 +325,23 @@ def apply_push_waves(store: Store, plan: PushPlan, spec: str, hooks: dict[str, H
     outcome = run_waves(store, ready, spec, record,
                         lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks),
                         between, on_wave)
-    return WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec)
+    result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec)
+    failed = any(run.state in ("failed", "rolled-back") for run in outcome.runs)
+    if roll_back_finished is None:
+        roll_back_finished = not keep_going
+    # An interrupt undid the wave it stopped; what follows it is the caller's to decide.
+    if failed and roll_back_finished and not interrupt.requested():
+        result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+    return result
 
 
 def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
                              hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
-    """``--rollback-all``: after a push in waves stopped, undo it on the nodes of the waves
-    that finished (each a real rollback: only the files the push wrote, each only while it
-    still holds what was written; recorded; restarted by the hooks)."""
+    """After a push in waves failed, undo it on the nodes of the waves that finished (each
+    a real rollback: only the files the push wrote, each only while it still holds what was
+    written; recorded; restarted by the hooks). A node that cannot be rolled back gets a
+    failed run saying why; one already restored needs nothing and gets a ``done`` run with
+    no record."""
     from snapver.ops.rollback import apply_rollback, plan_rollback
 
     undone = []
@@ -317,11 +349,10 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
     for run in result.nodes:
         if run.node not in finished or run.state != "done":
             continue
-        with plan_rollback(store, config, run.node) as plan:
-            try:
+        try:
+            with plan_rollback(store, config, run.node) as plan:
                 done = apply_rollback(store, plan, hooks)
-            except SnapverError as exc:
-                done = NodeRun(run.node, "failed", error=exc)
-        if done is not None:
-            undone.append(done)
+        except SnapverError as exc:
+            done = NodeRun(run.node, "failed", error=exc)
+        undone.append(done if done is not None else NodeRun(run.node, "done"))
     return undone

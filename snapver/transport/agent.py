@@ -1126,19 +1126,29 @@ def _commit(tree, targets, partial, result):
             return
 
 
-def remove_stale_bytecode(dir_fd, name):
-    """Remove ``__pycache__/<module>.<tag>[.opt-N].pyc`` of the module ``name`` (a .py file)."""
+def remove_stale_bytecode(dir_fd, name, keep_legacy=False):
+    """Remove the bytecode of the module ``name`` (a .py file) in folder ``dir_fd``:
+    ``__pycache__/<module>.<tag>[.opt-N].pyc``, and a legacy ``<module>.pyc`` beside it
+    (Python 2 style: with the source gone, a sourceless import still loads it) unless
+    ``keep_legacy``. Returns the removed paths, relative to the folder."""
+    removed = []
+    legacy = name[:-3] + ".pyc"
+    if not keep_legacy:
+        try:
+            os.unlink(legacy, dir_fd=dir_fd)
+            removed.append(legacy)
+        except OSError:
+            pass
     try:
         cache = os.open("__pycache__", DIR_FLAGS, dir_fd=dir_fd)
     except OSError:
-        return []
+        return removed
     try:
         pattern = re.compile(re.escape(name[:-3]) + r"\.[^.]+(\.opt-[0-9]+)?\.pyc\Z")
-        removed = []
         for entry in os.listdir(cache):
             if pattern.match(entry):
                 os.unlink(entry, dir_fd=cache)
-                removed.append(entry)
+                removed.append("__pycache__/" + entry)
         return removed
     finally:
         os.close(cache)
@@ -1254,8 +1264,11 @@ def _finish(tree, tracked, targets, result):
             continue
         folders[target.reldir] = target.dir_fd
         if target.rel.endswith(".py"):
-            result["bytecode_removed"] += [target.reldir + "/__pycache__/" + n
-                                           for n in remove_stale_bytecode(target.dir_fd, target.name)]
+            # A .pyc beside a module this write adds is that module's only code before it (a
+            # sourceless install), which undoing the write must find again; or this write put it there.
+            keep = target.expect is None or target.rel[:-3] + ".pyc" in result["written"]
+            result["bytecode_removed"] += [target.reldir + "/" + n
+                                           for n in remove_stale_bytecode(target.dir_fd, target.name, keep)]
         if not target.kind:
             _prune_empty(tree, target.reldir, roots)
     for fd in folders.values():

@@ -343,6 +343,42 @@ def test_failure_mid_fleet_rolls_back(fleet, run_snapver):
         assert records(store, name)[0]["state"] == "done"
 
 
+def test_failure_in_a_later_wave_rolls_back_the_earlier_waves(fleet, run_snapver):
+    """SPEC: a node that fails mid-push rolls back every node already written, the finished
+    waves' too; --keep-going leaves them patched, and the output names them."""
+    sites, store, _ = fleet
+    original = {name: tree_hashes(site) for name, site in sites.items()}
+    failing = "case $SNAPVER_SITE_PACKAGES in */fleet02/*) echo 'ImportError: broken' >&2; exit 1;; esac"
+    result = run_snapver("push", "fix", "--yes", "--waves", "1,2,100%", "--health", failing)
+    assert result.code == 3, result
+    assert "wave 3: fleet02" in result.out and "push stopped after 2 of 3 wave(s) finished" in result.err, result
+    for name in ("fleet00", "fleet01"):
+        assert f"{name}: rolled back as well (its wave finished before the failure):" in result.err, result
+    assert "still patched" not in result.err, result
+    for name, site in sites.items():
+        assert tree_hashes(site) == original[name], name
+    assert [records(store, name)[0]["action"] for name in sites] == ["rollback", "rollback", "push"]
+    assert [records(store, name)[0]["state"] for name in sites] == ["done", "done", "rolled-back"]
+
+    result = run_snapver("push", "fix", "--yes", "--waves", "1,2,100%", "--health", failing, "--keep-going")
+    assert result.code == 3, result
+    assert "still patched: fleet00, fleet01 (`snapver rollback fleet00 fleet01` undoes it)" in result.err, result
+    assert "rolled back as well" not in result.err, result
+    for name in ("fleet00", "fleet01"):
+        assert (sites[name] / "sglang/srt/a.py").read_text() == "a = 2\n"
+        assert records(store, name)[0]["state"] == "done"
+    assert tree_hashes(sites["fleet02"]) == original["fleet02"]
+    assert run_snapver("rollback", "fleet00", "fleet01", "--yes").code == 0
+
+    # Without waves, --keep-going names the nodes it leaves patched too.
+    failing = failing.replace("fleet02", "fleet01")
+    result = run_snapver("push", "fix", "--yes", "--health", failing, "--keep-going", "--json")
+    assert result.code == 3 and json.loads(result.out)["patched"] == ["fleet00", "fleet02"], result
+    assert run_snapver("rollback", "fleet00", "fleet02", "--yes").code == 0
+    result = run_snapver("push", "fix", "--yes", "--health", failing, "--keep-going")
+    assert result.code == 3 and "still patched: fleet00, fleet02" in result.err, result
+
+
 def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, ssh_node, make_site_packages,
                                                           run_snapver):
     sites, store, _ = fleet
@@ -369,6 +405,56 @@ def test_unreachable_or_untracked_target_refuses_the_push(fleet, write_config, s
             assert text in str(caught.value)
     assert {name: tree_hashes(site) for name, site in sites.items()} == original
     assert git(store, "for-each-ref", PUSHES) == ""
+
+
+def imports(site: Path, module: str) -> str:
+    """What importing ``module`` on the node's python (cwd: its site-packages) finds: the
+    file it loaded from, or the error."""
+    done = subprocess.run([sys.executable, "-B", "-c", f"import {module} as m; print(m.__file__)"], cwd=site,
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_legacy_bytecode_beside_a_changed_or_deleted_module_is_removed(transport, make_site_packages, write_config,
+                                                                      local_node, ssh_node, run_snapver):
+    """SPEC: push removes stale bytecode of the modules it changes, a Python-2-style
+    ``x.pyc`` beside ``x.py`` too (with the source deleted, a sourceless import loads it).
+    One beside a module the push adds is no bytecode of a module it changes: it stays. The
+    rollback needs none of it back (snapshots exclude ``*.pyc``)."""
+    import py_compile
+
+    srt = "sglang/srt"
+    site = make_site_packages("ct200", files={f"{srt}/speculative/dflash_worker.py": "def f():\n    return 1\n",
+                                              f"{srt}/a.py": "X = 1\n", f"{srt}/keep.py": "K = 1\n"})
+    (site / f"{srt}/sourceless.py").write_text("S = 1\n")
+    for module in ("speculative/dflash_worker", "a", "keep", "sourceless"):
+        py_compile.compile(str(site / f"{srt}/{module}.py"), cfile=str(site / f"{srt}/{module}.pyc"), doraise=True)
+    (site / f"{srt}/sourceless.py").unlink()  # installed as bytecode only
+    assert imports(site, "sglang.srt.sourceless").endswith("sourceless.pyc")
+    config = write_config({"ct200": local_node(site) if transport == "local" else ssh_node("ct200", site)})
+    Path("p.diff").write_bytes(
+        b"--- a/sglang/srt/speculative/dflash_worker.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-def f():\n-    return 1\n"
+        b"--- a/sglang/srt/a.py\n+++ b/sglang/srt/a.py\n@@ -1 +1 @@\n-X = 1\n+X = 2\n"
+        b"--- /dev/null\n+++ b/sglang/srt/sourceless.py\n@@ -0,0 +1 @@\n+S = 2\n")
+    prepare(config, ("ct200",), ("p", Path("p.diff"), "ct200", ("ct200",)))
+    original = tree_hashes(site, exclude_pycache=False)
+
+    result = run_snapver("push", "p", "--yes", "--json")
+    assert result.code == 0, result
+    assert sorted(json.loads(result.out)["results"][0]["bytecode_removed"]) == [
+        f"{srt}/a.pyc", f"{srt}/speculative/dflash_worker.pyc"]
+    assert imports(site, "sglang.srt.speculative.dflash_worker") == \
+        "ModuleNotFoundError: No module named 'sglang.srt.speculative'"  # the emptied folder is gone too
+    assert not (site / f"{srt}/a.pyc").exists() and imports(site, "sglang.srt.a").endswith("a.py")
+    assert (site / f"{srt}/keep.pyc").exists() and (site / f"{srt}/sourceless.pyc").exists()
+    assert imports(site, "sglang.srt.sourceless").endswith("sourceless.py")
+
+    result = run_snapver("rollback", "ct200", "--yes")
+    assert result.code == 0, result
+    assert tree_hashes(site) == {path: entry for path, entry in original.items() if not path.endswith(".pyc")}
+    assert imports(site, "sglang.srt.speculative.dflash_worker").endswith("dflash_worker.py")
+    assert (site / f"{srt}/keep.pyc").exists()
 
 
 def test_node_side_refuses_unsafe_paths(make_site_packages, ssh_node, sshd, tmp_path):
@@ -410,7 +496,9 @@ def test_push_refuses_a_symlinked_folder_on_the_node(make_site_packages, write_c
     Path("m.diff").write_bytes(b"--- a/sglang/srt/sub/m.py\n+++ b/sglang/srt/sub/m.py\n@@ -1 +1 @@\n-m = 1\n+m = 2\n")
     prepare(config, ("good",), ("m", Path("m.diff"), "good", ()))
     result = run_snapver("push", "m", "good", "bad", "--yes")
-    assert result.code == 3, result
+    # A refusal like a conflict's (SPEC: exit 1), not an unreachable node's (3).
+    assert result.code == 1, result
+    assert "push refused, no node was changed: bad: refused:" in result.err, result
     assert "passes through the symlink" in result.err
     assert (outside / "m.py").read_text() == "m = 1\n" and (good / "sglang/srt/sub/m.py").read_text() == "m = 1\n"
 

@@ -431,7 +431,10 @@ def test_waves_stop_after_a_failed_canary(venv_nodes, run_snapver):
         assert records(store, name)[0]["state"] == "done"
 
 
-def test_a_failed_second_wave_keeps_or_rolls_back_the_first(venv_nodes, run_snapver):
+def test_a_failed_second_wave_rolls_back_the_first_unless_keep_going(venv_nodes, run_snapver):
+    """SPEC: the nodes already written are rolled back when a node fails, the finished
+    canary wave too (a recorded rollback, restarted on the restored code); --keep-going
+    keeps it patched and says so; --rollback-all (the old opt-in) is still accepted."""
     ports = {}
 
     def hooks(node: VenvNode) -> dict:
@@ -446,23 +449,27 @@ def test_a_failed_second_wave_keeps_or_rolls_back_the_first(venv_nodes, run_snap
         nodes[name].start(ports[name])
     original = {name: tree_hashes(nodes[name].site) for name in names}
 
-    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%")
+    for flags in ([], ["--rollback-all"]):
+        result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%", *flags)
+        assert result.code == 3, result
+        assert "push stopped after 1 of 3 wave(s) finished; not written: fleet02" in result.err, result
+        assert "fleet00: rolled back as well (its wave finished before the failure):" in result.err, result
+        assert "still patched" not in result.err, result
+        for name in names:
+            assert tree_hashes(nodes[name].site) == original[name], name
+        assert wait_health(ports["fleet00"]) == "value 1"  # restarted on the restored code
+        assert records(store, "fleet00")[0]["action"] == "rollback"
+        assert records(store, "fleet01")[0]["state"] == "rolled-back"
+
+    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%", "--keep-going")
     assert result.code == 3, result
-    assert "push stopped after 1 of 3 wave(s) finished; not written: fleet02" in result.err, result
+    assert "still patched: fleet00 (`snapver rollback fleet00` undoes it)" in result.err, result
     assert health(ports["fleet00"]) == "value 2"  # the finished canary wave stays patched
     assert (records(store, "fleet00")[0]["state"], records(store, "fleet01")[0]["state"]) == ("done", "rolled-back")
     assert tree_hashes(nodes["fleet01"].site) == original["fleet01"]
     assert tree_hashes(nodes["fleet02"].site) == original["fleet02"]
     assert run_snapver("rollback", "fleet00", "--yes").code == 0
     assert health(ports["fleet00"]) == "value 1"
-
-    result = run_snapver("push", "bump", "--yes", "--waves", "1,2,100%", "--rollback-all")
-    assert result.code == 3, result
-    assert "fleet00: --rollback-all:" in result.err, result
-    for name in names:
-        assert tree_hashes(nodes[name].site) == original[name], name
-    assert wait_health(ports["fleet00"]) == "value 1"  # restarted on the restored code
-    assert records(store, "fleet00")[0]["action"] == "rollback"
     assert run_snapver("push", "bump", "--yes", "--rollback-all").code == 2
 
 

@@ -167,7 +167,7 @@ def test_rollback_of_a_node_a_stopped_push_never_reached_warns(make_site_package
         assert [run.state for run in apply_push(store, plan).nodes] == ["done", "done"]
     patch("p2", "2", "3")
     with plan_push(store, config, "p2") as plan:
-        stopped = apply_push_waves(store, plan, "1,100%", between=lambda index, names: False)
+        stopped = apply_push_waves(store, config, plan, "1,100%", between=lambda index, names: False)
     assert [(run.node, run.state) for run in stopped.nodes] == [("n1", "done"), ("n2", "cancelled")]
     with plan_rollback(store, config, "n2") as plan:
         assert plan.node.notes == ["the newest push (p2) never reached n2 (its rollout stopped in waves): this "
