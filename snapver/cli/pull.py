@@ -60,7 +60,11 @@ def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message
 
         # As `snapver tag`: a tag never moves silently, nor one another writer of a team
         # store holds (the pull writes it only where none is: see ops/pull.py _tag).
-        values, conflicts = TeamView(store).tags()
+        from snapver.ops.tag import check_not_a_patch
+
+        view = TeamView(store)
+        check_not_a_patch(view, tag)
+        values, conflicts = view.tags()
         existing = store.ref(tag_ref(tag)) or values.get(tag) or next(iter(conflicts.get(tag, {}).values()), None)
         if existing:
             raise RefError(f"tag {tag!r} already names {existing[:10]}",

@@ -29,11 +29,11 @@ from snapver.config import Config
 from snapver.errors import RefError, UsageError
 from snapver.model import Entry, Manifest
 from snapver.ops.pull import count_changes
-from snapver.ops.tag import check_tag_name
+from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
 from snapver.store.repo import Store, blob_oid, format_message
-from snapver.store.team import writer_of
+from snapver.store.team import TeamView, writer_of
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
 DATE_FORM = "YYYY-MM-DD, YYYY-MM-DDTHH:MM (local time) or may22"
@@ -104,6 +104,7 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
     moment = parse_import_date(date) if date is not None else None
     if tag is not None:
         check_tag_name(tag)
+        check_not_a_patch(TeamView(store), tag)
         if existing := store.ref(refs.tag_ref(tag)):
             raise RefError(f"tag {tag!r} already names {existing[:10]}", hint="pick another name for --tag")
     head = store.ref(refs.node_ref(node))

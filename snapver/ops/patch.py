@@ -197,10 +197,14 @@ def resolve_base(store: Store, config: Config, ref: str) -> Base:
 
 
 def check_new_name(store: Store, config: Config, name: str) -> None:
-    """A patch name is one ref component, unused, and not a node's name (refs would clash)."""
+    """A patch name is one ref component, unused, and neither a node's name nor a tag's
+    (refs would clash: `show NAME` could no longer say which is meant)."""
     refs.check_name("patch", name)
     if name in config.nodes or name in store.refs(refs.NODES):
         raise UsageError(f"a patch cannot be named like the node {name!r}")
+    if name in TeamView(store).merged(refs.TAGS):
+        raise UsageError(f"a patch cannot be named like the tag {name!r}",
+                         hint="pick another name (a ref naming both would be ambiguous)")
     if patch_tip(store, name):
         raise UsageError(f"patch {name!r} already exists",
                          hint=f"pick another name, or `snapver patch delete {name}` first")

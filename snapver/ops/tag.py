@@ -43,6 +43,13 @@ def check_tag_name(name: str) -> None:
     refs.check_name("tag", name)
 
 
+def check_not_a_patch(view: TeamView, name: str) -> None:
+    """A tag is not named like a patch: `show NAME` could no longer say which is meant."""
+    if name in view.merged(refs.PATCHES):
+        raise RefError(f"a tag cannot be named like the patch {name!r}",
+                       hint="pick another name (a ref naming both would be ambiguous)")
+
+
 def create_tag(store: Store, config: Config, name: str, ref: str | None = None, force: bool = False) -> TagInfo:
     """Point tag ``name`` at the snapshot ``ref`` names (default: the newest snapshot of all).
 
@@ -54,6 +61,7 @@ def create_tag(store: Store, config: Config, name: str, ref: str | None = None, 
     with store.lock():
         commit_id = resolve_snapshot(store, config, ref) if ref else _newest_snapshot(store)
         view = TeamView(store)
+        check_not_a_patch(view, name)
         values, conflicts = view.tags()
         if name in conflicts and not force:
             raise tag_conflict_error(name, conflicts[name])

@@ -124,6 +124,27 @@ def test_a_tag_named_like_a_node_warns_and_makes_the_name_ambiguous(project) -> 
     assert shown["id"] == git(store, "rev-parse", "refs/heads/nodes/ct200")
 
 
+def test_a_tag_and_a_patch_never_share_a_name(project) -> None:
+    """A ref naming both a tag and a patch is ambiguous wherever it is read (`show may22`
+    stopped working the moment a patch was named like the tag): each refuses the other's
+    names, in every command that makes one, and nothing is written."""
+    config, store = project
+    assert run_inproc("--config", config, "tag", "may22", "ct200").code == 0
+    for made in (run_inproc("--config", config, "patch", "new", "may22", "--base", "ct200"),
+                 run_inproc("--config", config, "patch", "capture", "may22", "ct129", "--base", "ct200")):
+        assert made.code == 2 and "a patch cannot be named like the tag 'may22'" in made.err, made
+    assert git(store, "for-each-ref", "refs/heads/patches/") == ""
+    folder = run_inproc("--config", config, "patch", "new", "fix", "--base", "ct200").out.strip().splitlines()[-1]
+    assert run_inproc("--config", config, "patch", "save", "fix").code == 0, folder
+    before = tags_in(store)
+    for made in (run_inproc("--config", config, "tag", "fix", "ct200"),
+                 run_inproc("--config", config, "pull", "ct200", "--tag", "fix")):
+        assert made.code == 2 and "a tag cannot be named like the patch 'fix'" in made.err, made
+    assert tags_in(store) == before
+    shown = run_inproc("--config", config, "show", "may22")
+    assert shown.code == 0, shown
+
+
 @pytest.mark.parametrize("transport", ["local", "ssh"])
 def test_pull_tag_names_the_new_snapshot(transport: str, make_site_packages, ssh_node, tmp_path: Path) -> None:
     site = make_site_packages("ct200", files=FILES)
