@@ -104,14 +104,15 @@ def render_status(result: Any) -> None:
         elif getattr(row, "restart_needed", None):
             out.print(f"{escape(row.node)}: {row.restart_needed} process(es) run code older than the tree: "
                       f"`snapver ps {escape(row.node)}` names them")
-        if row.fallback and row.error is None:
-            out.print(f"{escape(row.node)}: {escape(row.fallback)}")
+        if row.unchecked and row.error is None:
+            out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
                       f"{row.snapshot[:10] if row.snapshot else '?'}")
-            for item in row.drift:
-                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+            for item in row.drift:  # no label where nothing is known-good
+                label = _label(item)
+                out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
                       f"not as {escape(row.known_good.label)}")
@@ -168,7 +169,9 @@ def _drift(row: Any) -> str:
 
 def _known_good(row: Any) -> str:
     if row.known_good is None:
-        return "-" if row.error is None else "?"
+        if row.error is not None:
+            return "?"
+        return "none" if row.unchecked else "-"
     return escape(row.known_good.label)
 
 
@@ -176,7 +179,7 @@ def _state(row: Any) -> str:
     if row.error is not None:
         return "?"
     if row.off is None:
-        return "unknown (no RECORD, tag or snapshot)"
+        return "[yellow]unknown[/yellow]"  # the note below says why
     if not row.off:
         return "[green]pristine[/green]"
     parts = []

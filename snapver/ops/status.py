@@ -2,10 +2,11 @@
 it, and how the live tree stands against known-good code.
 
 Known-good is, per node, the installed distribution's RECORD (what ``pip install``
-wrote), or a ref the user names (``--against``); a node without a RECORD falls back to
-its newest tag, then its newest snapshot, and says so. Every live file that is not as
+wrote), or a ref the user names (``--against``). Every live file that is not as
 known-good is ``patch NAME`` (it equals what a patch in the store makes it) or
-``hot-fix`` (no known source) — whether or not a pull came after the edit.
+``hot-fix`` (no known source) — whether or not a pull came after the edit. A node with
+neither has no known-good code: its state is unknown (never pristine), and it says why.
+Its newest snapshot is no stand-in: a pull records hot-fixes into it.
 
 Every node is listed on the node itself (it re-hashes only files whose stat changed
 since the last pull), in parallel. Its RECORD is compared by blob id: the RECORD
@@ -52,22 +53,18 @@ class KnownPatch:
 
 @dataclass(frozen=True)
 class KnownGood:
-    """What a node's live tree is held against: a RECORD, or a snapshot (named by a ref or a tag)."""
+    """What a node's live tree is held against: its RECORD, or the tree ``--against`` names."""
 
-    kind: str  # "record" | "ref" | "tag" | "snapshot"
-    name: str  # "sglang 0.5.23", the ref as typed, the tag, or "newest"
+    kind: str  # "record" | "ref"
+    name: str  # "sglang 0.5.23", or the ref as typed
     commit: str | None = None
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
-        """How tables name it: ``RECORD sglang 0.5.23``, ``tag may22``, ``snapshot 1a2b3c4d5e``."""
+        """How tables name it: ``RECORD sglang 0.5.23``, ``may22 (1a2b3c4d5e)``."""
         if self.kind == "record":
             return f"RECORD {self.name}"
-        if self.kind == "tag":
-            return f"tag {self.name}"
-        if self.kind == "snapshot":
-            return f"snapshot {str(self.commit)[:10]}"
         return f"{self.name} ({self.commit[:10]})" if self.commit else self.name
 
     @property
@@ -123,7 +120,7 @@ class NodeStatus:
     drift: list[DriftedFile] | None = None  # since the newest snapshot; None: no snapshot
     known_good: KnownGood | None = None
     off: list[DriftedFile] | None = None  # files not as known-good; None: nothing to hold it against
-    fallback: str = ""  # why known-good is not the RECORD, when it is not
+    unchecked: str = ""  # why nothing is known-good (no RECORD, no --against), and how to name it
     patches: list[PatchState] = field(default_factory=list)
     push: dict[str, Any] | None = None  # the newest push record (see last_push)
     error: SnapverError | None = None
@@ -162,7 +159,8 @@ class NodeStatus:
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        return 1 if self.drifted or self.hot_fixed else 0
+        # Nothing known-good (off is None): whether the tree is pristine is not known, so not 0.
+        return 1 if self.drifted or self.hot_fixed or self.off is None else 0
 
     def to_json(self) -> dict[str, Any]:
         off = self.off
@@ -174,12 +172,12 @@ class NodeStatus:
                 "identical": None if self.drift is None else not self.drift,
                 "since_snapshot": None if self.drift is None else len(self.drift),
                 "drift": None if self.drift is None else [d.to_json() for d in self.drift],
-                "known_good": {**self.known_good.to_json(), "fallback": self.fallback or None,
+                "known_good": {**self.known_good.to_json(),
                                "files": [f.to_json() for f in off or []],
                                "patched": sum(1 for f in off or [] if f.label == PATCH),
                                "patched_by": self.patched, "hot_fixed": len(self.hot_fixed)}
                 if self.known_good is not None and off is not None else None,
-                "pristine_unchecked": self.fallback or None,
+                "pristine_unchecked": self.unchecked or None,
                 "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None,
                 "restart_needed": self.restart_needed, "restart_error": self.restart_error,
@@ -220,10 +218,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             # once for the whole fleet (its nodes mostly hold the same files).
             for algo, oids in _unknown_blobs(rows, digests).items():
                 digests.learn_from_store(algo, oids)
-            fallbacks = {} if reference is not None else _fallbacks(
-                store, tags, [r for r in rows if r.live is not None and r.record is None and r.record_differing is None])
-            list(pool.map(lambda row: _judge_node(row, reference or fallbacks.get(row.node), patches, digests,
-                                                  store), rows))
+            list(pool.map(lambda row: _judge_node(row, reference, patches, digests, store), rows))
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -262,8 +257,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         if not want_record:
             return
         if digests is None:
-            row.fallback = (f"{spec.name}: no installed distribution (*.dist-info) owns {', '.join(spec.paths)} "
-                            f"in {info.site_packages}")
+            row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
+                                                f"{', '.join(spec.paths)} in {info.site_packages}")
             return
         if store is not None and row.snapshot and row.drift == [] and not checksum:
             row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
@@ -271,12 +266,18 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             try:
                 row.record = records.get(row.transport, digests)
             except RemotePathError as exc:  # no RECORD file
-                row.fallback = exc.message
+                row.unchecked = _nothing_known_good(exc.message.removeprefix(f"{spec.name}: "))
     except SnapverError as exc:
         row.error = exc
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _nothing_known_good(why: str) -> str:
+    """The note of a node whose tree nothing is known-good for, and how to give it some."""
+    return (f"{why}: no known-good code, so whether its tree is pristine is unknown; name one with "
+            "--against REF (a tag, a snapshot, a folder), or keep the distribution's *.dist-info RECORD on the node")
 
 
 def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> None:
@@ -396,31 +397,6 @@ def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequen
 def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPatch]) -> DriftedFile:
     names = tuple(p.name for p in patches if path in p.changes and _same(p.changes[path], live))
     return DriftedFile(path, status, PATCH if names else HOTFIX, names)
-
-
-def _fallbacks(store: Store | None, tags: dict[str, list[str]], rows: list[NodeStatus]) -> dict[str, KnownGood]:
-    """For nodes without a RECORD: their newest tagged snapshot, else their newest snapshot."""
-    if store is None or not rows:
-        return {}
-    tagged = [commit for commit in tags]
-    newest_tag: dict[str, tuple[datetime, str, str]] = {}
-    for commit in store.commits(tagged, no_walk=True) if tagged else []:
-        node = commit.meta.get("node")
-        if commit.meta.get("kind", "snapshot") != "snapshot" or not isinstance(node, str):
-            continue
-        if node not in newest_tag or commit.time > newest_tag[node][0]:
-            newest_tag[node] = (commit.time, commit.id, sorted(tags[commit.id])[0])
-    found = {}
-    for row in rows:
-        why = row.fallback or "no RECORD"
-        if row.node in newest_tag:
-            _time, commit, tag = newest_tag[row.node]
-            found[row.node] = KnownGood("tag", tag, commit, store.manifest(commit))
-            row.fallback = f"{why}; held against its newest tag, {tag}"
-        elif row.snapshot:
-            found[row.node] = KnownGood("snapshot", "newest", row.snapshot, store.manifest(row.snapshot))
-            row.fallback = f"{why}; held against its newest snapshot, {row.snapshot[:10]}"
-    return found
 
 
 def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:

@@ -1,8 +1,8 @@
 """snapver status against known-good code, on real sshd nodes holding the sglang wheel's tree.
 
-Known-good is the wheel's RECORD (sha256 per file, checked here with hashlib), a ref
-(``--against``), or for a node without a RECORD its newest tag, then snapshot. The
-fleet matrix (``--files``) gives each node's content of a file a letter.
+Known-good is the wheel's RECORD (sha256 per file, checked here with hashlib) or a ref
+(``--against``); a node with neither has none (its state is unknown, exit 1). The fleet
+matrix (``--files``) gives each node's content of a file a letter.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_against_a_folder(one_node: dict, tmp_path: Path) -> None:
     assert [(f["path"], f["label"]) for f in row["known_good"]["files"]] == [(SERVER_ARGS, "hot-fix")]
 
 
-def test_against_a_tag_and_the_fallback_without_a_record(one_node: dict) -> None:
+def test_against_a_tag_and_nothing_known_good_without_a_record(one_node: dict) -> None:
     site, config = one_node["site"], one_node["config"]
     assert run_inproc("--config", config, "tag", "may22", "ct200").code == 0
     with open(site / SERVER_ARGS, "a") as handle:
@@ -157,23 +157,18 @@ def test_against_a_tag_and_the_fallback_without_a_record(one_node: dict) -> None
     assert bad.code == 2 and "unknown ref 'nosuch'" in bad.err
     live = run_inproc("--config", config, "status", "--against", "ct200")
     assert live.code == 2 and "a live node is not known-good code" in live.err
-    # No RECORD: the node's newest tag is known-good, and status says so.
+    # No RECORD: nothing is known-good (a tag is a name, not a claim; the newest snapshot holds
+    # the edit): the state is unknown, exit 1, and status says how to name known-good code.
     (site / "sglang-0.5.23.dist-info" / "RECORD").unlink()
     code, document = status_json(config)
     row = document["nodes"][0]
-    assert code == 1 and row["known_good"]["kind"] == "tag" and row["known_good"]["name"] == "may22"
-    assert "has no RECORD file" in row["known_good"]["fallback"]
-    assert "held against its newest tag, may22" in row["known_good"]["fallback"]
-    assert [f["path"] for f in row["known_good"]["files"]] == [SERVER_ARGS]
+    assert code == 1 and row["known_good"] is None and row["identical"] is True, row
+    assert row["pristine_unchecked"].startswith("sglang-0.5.23.dist-info has no RECORD file: no known-good code")
     text = run_inproc("--config", config, "status").out
-    assert "ct200: " in text and "held against its newest tag, may22" in text
-    # No tag either: the newest snapshot (which holds the edit: nothing is hot-fixed against it).
-    assert run_inproc("--config", config, "tag", "-d", "may22").code == 0
-    code, document = status_json(config)
-    row = document["nodes"][0]
-    head = git(one_node["store"], "rev-parse", "refs/heads/nodes/ct200").strip()
-    assert code == 0 and row["known_good"]["kind"] == "snapshot" and row["known_good"]["commit"] == head
-    assert f"held against its newest snapshot, {head[:10]}" in row["known_good"]["fallback"]
+    assert "ct200: sglang-0.5.23.dist-info has no RECORD file: " in text and "--against REF" in text
+    assert "pristine" not in text.replace("whether its tree is pristine is unknown", "")
+    code, document = status_json(config, "--against", "may22")  # still held against what it names
+    assert code == 1 and document["nodes"][0]["known_good"]["hot_fixed"] == 1
 
 
 @pytest.fixture
@@ -277,16 +272,16 @@ def test_an_unchanged_node_reuses_how_its_snapshot_stood_against_its_record(one_
     code, document = status_json(config)
     row = document["nodes"][0]
     assert code == 1 and row["known_good"]["kind"] == "record" and row["known_good"]["hot_fixed"] == 1
-    # ... -c hashes every file and reads RECORD again: none, so the newest snapshot is known-good.
+    # ... -c hashes every file and reads RECORD again: none, so nothing is known-good.
     code, document = status_json(config, "-c")
-    assert document["nodes"][0]["known_good"]["kind"] == "snapshot"
+    assert code == 1 and document["nodes"][0]["known_good"] is None
     # A change since the snapshot: RECORD is read again.
     record.write_bytes(saved)
     with open(site / SERVER_ARGS, "a") as handle:
         handle.write("# edited again\n")
     record.unlink()
     code, document = status_json(config)
-    assert code == 1 and document["nodes"][0]["known_good"]["kind"] == "snapshot"
+    assert code == 1 and document["nodes"][0]["known_good"] is None
 
 
 def test_nodes_with_different_records_are_each_held_against_their_own(make_site_packages, ssh_node,
