@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
-from snapver.model import ADDED, DELETED, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
+from snapver.model import ADDED, DELETED, FILE, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
@@ -470,21 +471,43 @@ UNKNOWN = "?"
 
 
 @dataclass(frozen=True)
+class LegendItem:
+    """One letter of a matrix row: what that content is, its blob id and its mode (``st_mode``).
+
+    ``show_mode``: the row's contents differ in mode or kind (a file and a link to the same
+    bytes; 644 and 755), so the mode is what tells this letter from another.
+    """
+
+    letter: str
+    what: str
+    oid: str
+    mode: int
+    show_mode: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"is": self.what, "oid": self.oid or None, "mode": f"{self.mode:o}"}
+
+
+@dataclass(frozen=True)
 class MatrixRow:
     """One file across the fleet: a letter per node (``-`` absent, ``?`` node not read), and
     what each letter's content is."""
 
     path: str
     letters: tuple[str, ...]
-    legend: tuple[tuple[str, str, str], ...]  # (letter, what it is, blob id)
+    legend: tuple[LegendItem, ...]
 
     @property
-    def agrees(self) -> bool:
-        return len(set(self.letters)) == 1
+    def agrees(self) -> bool | None:
+        """Whether every node holds the same; None: the nodes read do, but a node was not read."""
+        read = set(self.letters) - {UNKNOWN}
+        if len(read) > 1:
+            return False
+        return None if UNKNOWN in self.letters else True
 
     def to_json(self, nodes: Sequence[str]) -> dict[str, Any]:
         return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters)),
-                "legend": {letter: {"is": what, "oid": oid or None} for letter, what, oid in self.legend}}
+                "legend": {item.letter: item.to_json() for item in self.legend}}
 
 
 @dataclass
@@ -500,25 +523,41 @@ class MatrixResult:
         return [row.node for row in self.status.nodes]
 
     @property
+    def compared(self) -> list[str]:
+        """The nodes whose trees were read: the matrix says nothing of the others."""
+        return [row.node for row in self.status.nodes if row.live is not None]
+
+    @property
+    def not_compared(self) -> list[str]:
+        return [row.node for row in self.status.nodes if row.live is None]
+
+    @property
     def exit_code(self) -> int:
         errors = max((n.error.exit_code for n in self.status.nodes if n.error is not None), default=0)
-        return errors or (1 if any(not row.agrees for row in self.rows) else 0)
+        return errors or (1 if any(row.agrees is False for row in self.rows) else 0)
 
     def to_json(self) -> dict[str, Any]:
         nodes = self.nodes
-        return {"nodes": nodes, "paths": list(self.paths),
+        return {"nodes": nodes, "compared": self.compared, "not_compared": self.not_compared,
+                "paths": list(self.paths),
                 "known_good": {n.node: n.known_good.to_json() if n.known_good else None for n in self.status.nodes},
                 "errors": {n.node: str(n.error) for n in self.status.nodes if n.error is not None},
                 "files": [row.to_json(nodes) for row in self.rows], "exit_code": self.exit_code}
+
+
+def _content(entry: Entry) -> tuple[str, str, int]:
+    """What makes two copies of a file the same for the matrix, as for `diff`: kind, blob id,
+    and a file's permission bits (same bytes, another mode: `diff` says T)."""
+    return entry.kind, entry.oid, stat.S_IMODE(entry.mode) if entry.kind == FILE else 0
 
 
 def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResult:
     """One row per file that is not the same on every node read (with ``paths``: per file
     they name, whether or not it agrees), each node's content as a letter.
 
-    Letters go to contents in node order (``A`` the first node's); the legend says what
-    each is: pristine (as known-good), a patch, a hot-fix (neither), or only its blob id
-    where nothing is known-good for the nodes that hold it.
+    Letters go to contents (kind, blob id and mode) in node order (``A`` the first node's);
+    the legend says what each is: pristine (as known-good), a patch, a hot-fix (neither),
+    or only its blob id where nothing is known-good for the nodes that hold it.
     """
     from snapver.ops.diff import normalize_paths, path_matches
 
@@ -535,26 +574,28 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
     rows = []
     for path in every:
         states = [(n, n.live.get(path)) for n in rows_read]  # type: ignore[union-attr]
-        contents = {(e.kind, e.oid) if e is not None else None for _n, e in states}
+        contents = {_content(e) if e is not None else None for _n, e in states}
         if not filters and len(contents) == 1:
             continue
+        # Contents that differ in kind or mode: the legend gives each one's (it may be all that differs).
+        show_mode = len({(key[0], key[2]) for key in contents if key is not None}) > 1
         letters: dict[Any, str] = {}
-        legend: list[tuple[str, str, str]] = []
+        legend: list[LegendItem] = []
         for node, entry in states:
-            key = (entry.kind, entry.oid) if entry is not None else None
-            if key is None or key in letters:
+            key = _content(entry) if entry is not None else None
+            if entry is None or key in letters:
                 continue
             letter = letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else "*"
-            legend.append((letter, _what(path, key, states, off), entry.oid))
-        by_node = {n.node: (letters[(e.kind, e.oid)] if e is not None else ABSENT) for n, e in states}
+            legend.append(LegendItem(letter, _what(path, key, states, off), entry.oid, entry.mode, show_mode))
+        by_node = {n.node: (letters[_content(e)] if e is not None else ABSENT) for n, e in states}
         rows.append(MatrixRow(path, tuple(by_node.get(n.node, UNKNOWN) for n in result.nodes), tuple(legend)))
     return MatrixResult(result, rows, tuple(filters))
 
 
-def _what(path: str, key: tuple[str, str], states: list[tuple[NodeStatus, Entry | None]],
+def _what(path: str, key: tuple[str, str, int], states: list[tuple[NodeStatus, Entry | None]],
           off: dict[str, dict[str, DriftedFile]]) -> str:
     """What the content ``key`` at ``path`` is, by the nodes that hold it."""
-    holders = [n for n, e in states if e is not None and (e.kind, e.oid) == key]
+    holders = [n for n, e in states if e is not None and _content(e) == key]
     for node in holders:  # as known-good on one of them
         if node.known_good is not None and node.off is not None and path not in off[node.node]:
             return node.known_good.pristine
