@@ -3,6 +3,7 @@ ops.status, render the fleet table (or the fleet matrix)."""
 
 from __future__ import annotations
 
+import stat
 from typing import Any, List, Optional
 
 import typer
@@ -104,14 +105,15 @@ def render_status(result: Any) -> None:
         elif getattr(row, "restart_needed", None):
             out.print(f"{escape(row.node)}: {row.restart_needed} process(es) run code older than the tree: "
                       f"`snapver ps {escape(row.node)}` names them")
-        if row.fallback and row.error is None:
-            out.print(f"{escape(row.node)}: {escape(row.fallback)}")
+        if row.unchecked and row.error is None:
+            out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
                       f"{row.snapshot[:10] if row.snapshot else '?'}")
-            for item in row.drift:
-                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+            for item in row.drift:  # no label where nothing is known-good
+                label = _label(item)
+                out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
                       f"not as {escape(row.known_good.label)}")
@@ -168,7 +170,9 @@ def _drift(row: Any) -> str:
 
 def _known_good(row: Any) -> str:
     if row.known_good is None:
-        return "-" if row.error is None else "?"
+        if row.error is not None:
+            return "?"
+        return "none" if row.unchecked else "-"
     return escape(row.known_good.label)
 
 
@@ -176,7 +180,7 @@ def _state(row: Any) -> str:
     if row.error is not None:
         return "?"
     if row.off is None:
-        return "unknown (no RECORD, tag or snapshot)"
+        return "[yellow]unknown[/yellow]"  # the note below says why
     if not row.off:
         return "[green]pristine[/green]"
     parts = []
@@ -199,8 +203,13 @@ def render_matrix(matrix: Any) -> None:
     for row in matrix.status.nodes:
         if row.error is not None:
             print_error(row.error)
+    compared = _compared(matrix)
     if not matrix.rows:
-        out.print(f"all files agree on {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+        if len(matrix.compared) < 2 and matrix.not_compared:  # agreement of one node with itself says nothing
+            read = f"only {escape(matrix.compared[0])} was read" if matrix.compared else "no node was read"
+            out.print(f"nothing compared: {read}{compared}")
+        else:
+            out.print(f"all files agree on {_nodes_read(matrix)}{compared}")
         return
     lines: list[str] = []
     for start in range(0, len(nodes), MATRIX_BLOCK):
@@ -212,23 +221,42 @@ def render_matrix(matrix: Any) -> None:
         lines.append("".join("| " for _ in block).rstrip())
         for row in matrix.rows:
             letters = "".join(f"{row.letters[index]} " for index in block)
-            lines.append(f"{letters} {row.path}")
+            lines.append(f"{letters} {show_path(row.path, markup=False)}")
             used = {row.letters[index] for index in block}
-            legend = [_legend_item(letter, what, oid) for letter, what, oid in row.legend if letter in used]
+            legend = [_legend_item(item) for item in row.legend if item.letter in used]
             lines.extend(_wrapped(legend, indent=2 * len(block) + 1))
     for line in lines:
         out.print(escape(line))
-    differ = sum(1 for row in matrix.rows if not row.agrees)
-    out.print(f"{differ} file{'s differ' if differ != 1 else ' differs'} across {len(nodes)} nodes"
-              if differ else f"the {len(matrix.rows)} file(s) named agree on every node")
+    differ = sum(1 for row in matrix.rows if row.agrees is False)
+    every = "every node" if not matrix.not_compared else _nodes_read(matrix)
+    out.print(f"{differ} file{'s differ' if differ != 1 else ' differs'} across {_nodes_read(matrix)}{compared}"
+              if differ else f"the {len(matrix.rows)} file(s) named agree on {every}{compared}")
+
+
+def _nodes_read(matrix: Any) -> str:
+    """``3 nodes``, or ``the 2 nodes read`` when some were not."""
+    count = len(matrix.compared)
+    nodes = f"{count} node{'s' if count != 1 else ''}"
+    return f"the {nodes} read" if matrix.not_compared else nodes
+
+
+def _compared(matrix: Any) -> str:
+    """``; not compared: ct129`` when a node could not be read (its error is above)."""
+    return f"; not compared: {escape(', '.join(matrix.not_compared))}" if matrix.not_compared else ""
 
 
 
-def _legend_item(letter: str, what: str, oid: str) -> str:
-    """``A pristine sglang 0.5.23``, ``B patch fix-b``, ``C hot-fix 1a2b3c4d5e``, ``D 1a2b3c4d5e``."""
+def _legend_item(item: Any) -> str:
+    """``A pristine sglang 0.5.23``, ``B patch fix-b``, ``C hot-fix 1a2b3c4d5e``, ``D 1a2b3c4d5e``;
+    ``… mode 100755`` or ``… link`` where the row's contents differ in mode or kind."""
+    what, oid = item.what, item.oid
     if what.startswith(("pristine ", "as ", "patch ")):
-        return f"{letter} {what}"
-    return f"{letter} {what} {oid[:10]}" if what else f"{letter} {oid[:10]}"
+        text = f"{item.letter} {what}"
+    else:
+        text = f"{item.letter} {what} {oid[:10]}" if what else f"{item.letter} {oid[:10]}"
+    if not item.show_mode:
+        return text
+    return f"{text} {'link' if stat.S_ISLNK(item.mode) else f'mode {item.mode:o}'}"
 
 
 def _wrapped(items: list[str], indent: int) -> list[str]:

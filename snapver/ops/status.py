@@ -2,10 +2,11 @@
 it, and how the live tree stands against known-good code.
 
 Known-good is, per node, the installed distribution's RECORD (what ``pip install``
-wrote), or a ref the user names (``--against``); a node without a RECORD falls back to
-its newest tag, then its newest snapshot, and says so. Every live file that is not as
+wrote), or a ref the user names (``--against``). Every live file that is not as
 known-good is ``patch NAME`` (it equals what a patch in the store makes it) or
-``hot-fix`` (no known source) — whether or not a pull came after the edit.
+``hot-fix`` (no known source) — whether or not a pull came after the edit. A node with
+neither has no known-good code: its state is unknown (never pristine), and it says why.
+Its newest snapshot is no stand-in: a pull records hot-fixes into it.
 
 Every node is listed on the node itself (it re-hashes only files whose stat changed
 since the last pull), in parallel. Its RECORD is compared by blob id: the RECORD
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
-from snapver.model import ADDED, DELETED, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
+from snapver.model import ADDED, DELETED, FILE, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
@@ -52,22 +54,18 @@ class KnownPatch:
 
 @dataclass(frozen=True)
 class KnownGood:
-    """What a node's live tree is held against: a RECORD, or a snapshot (named by a ref or a tag)."""
+    """What a node's live tree is held against: its RECORD, or the tree ``--against`` names."""
 
-    kind: str  # "record" | "ref" | "tag" | "snapshot"
-    name: str  # "sglang 0.5.23", the ref as typed, the tag, or "newest"
+    kind: str  # "record" | "ref"
+    name: str  # "sglang 0.5.23", or the ref as typed
     commit: str | None = None
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
-        """How tables name it: ``RECORD sglang 0.5.23``, ``tag may22``, ``snapshot 1a2b3c4d5e``."""
+        """How tables name it: ``RECORD sglang 0.5.23``, ``may22 (1a2b3c4d5e)``."""
         if self.kind == "record":
             return f"RECORD {self.name}"
-        if self.kind == "tag":
-            return f"tag {self.name}"
-        if self.kind == "snapshot":
-            return f"snapshot {str(self.commit)[:10]}"
         return f"{self.name} ({self.commit[:10]})" if self.commit else self.name
 
     @property
@@ -123,7 +121,7 @@ class NodeStatus:
     drift: list[DriftedFile] | None = None  # since the newest snapshot; None: no snapshot
     known_good: KnownGood | None = None
     off: list[DriftedFile] | None = None  # files not as known-good; None: nothing to hold it against
-    fallback: str = ""  # why known-good is not the RECORD, when it is not
+    unchecked: str = ""  # why nothing is known-good (no RECORD, no --against), and how to name it
     patches: list[PatchState] = field(default_factory=list)
     push: dict[str, Any] | None = None  # the newest push record (see last_push)
     error: SnapverError | None = None
@@ -162,7 +160,8 @@ class NodeStatus:
     def exit_code(self) -> int:
         if self.error is not None:
             return self.error.exit_code
-        return 1 if self.drifted or self.hot_fixed else 0
+        # Nothing known-good (off is None): whether the tree is pristine is not known, so not 0.
+        return 1 if self.drifted or self.hot_fixed or self.off is None else 0
 
     def to_json(self) -> dict[str, Any]:
         off = self.off
@@ -174,12 +173,12 @@ class NodeStatus:
                 "identical": None if self.drift is None else not self.drift,
                 "since_snapshot": None if self.drift is None else len(self.drift),
                 "drift": None if self.drift is None else [d.to_json() for d in self.drift],
-                "known_good": {**self.known_good.to_json(), "fallback": self.fallback or None,
+                "known_good": {**self.known_good.to_json(),
                                "files": [f.to_json() for f in off or []],
                                "patched": sum(1 for f in off or [] if f.label == PATCH),
                                "patched_by": self.patched, "hot_fixed": len(self.hot_fixed)}
                 if self.known_good is not None and off is not None else None,
-                "pristine_unchecked": self.fallback or None,
+                "pristine_unchecked": self.unchecked or None,
                 "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None,
                 "restart_needed": self.restart_needed, "restart_error": self.restart_error,
@@ -220,10 +219,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             # once for the whole fleet (its nodes mostly hold the same files).
             for algo, oids in _unknown_blobs(rows, digests).items():
                 digests.learn_from_store(algo, oids)
-            fallbacks = {} if reference is not None else _fallbacks(
-                store, tags, [r for r in rows if r.live is not None and r.record is None and r.record_differing is None])
-            list(pool.map(lambda row: _judge_node(row, reference or fallbacks.get(row.node), patches, digests,
-                                                  store), rows))
+            list(pool.map(lambda row: _judge_node(row, reference, patches, digests, store), rows))
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -262,8 +258,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         if not want_record:
             return
         if digests is None:
-            row.fallback = (f"{spec.name}: no installed distribution (*.dist-info) owns {', '.join(spec.paths)} "
-                            f"in {info.site_packages}")
+            row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
+                                                f"{', '.join(spec.paths)} in {info.site_packages}")
             return
         if store is not None and row.snapshot and row.drift == [] and not checksum:
             row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
@@ -271,12 +267,18 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             try:
                 row.record = records.get(row.transport, digests)
             except RemotePathError as exc:  # no RECORD file
-                row.fallback = exc.message
+                row.unchecked = _nothing_known_good(exc.message.removeprefix(f"{spec.name}: "))
     except SnapverError as exc:
         row.error = exc
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _nothing_known_good(why: str) -> str:
+    """The note of a node whose tree nothing is known-good for, and how to give it some."""
+    return (f"{why}: no known-good code, so whether its tree is pristine is unknown; name one with "
+            "--against REF (a tag, a snapshot, a folder), or keep the distribution's *.dist-info RECORD on the node")
 
 
 def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> None:
@@ -398,31 +400,6 @@ def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPat
     return DriftedFile(path, status, PATCH if names else HOTFIX, names)
 
 
-def _fallbacks(store: Store | None, tags: dict[str, list[str]], rows: list[NodeStatus]) -> dict[str, KnownGood]:
-    """For nodes without a RECORD: their newest tagged snapshot, else their newest snapshot."""
-    if store is None or not rows:
-        return {}
-    tagged = [commit for commit in tags]
-    newest_tag: dict[str, tuple[datetime, str, str]] = {}
-    for commit in store.commits(tagged, no_walk=True) if tagged else []:
-        node = commit.meta.get("node")
-        if commit.meta.get("kind", "snapshot") != "snapshot" or not isinstance(node, str):
-            continue
-        if node not in newest_tag or commit.time > newest_tag[node][0]:
-            newest_tag[node] = (commit.time, commit.id, sorted(tags[commit.id])[0])
-    found = {}
-    for row in rows:
-        why = row.fallback or "no RECORD"
-        if row.node in newest_tag:
-            _time, commit, tag = newest_tag[row.node]
-            found[row.node] = KnownGood("tag", tag, commit, store.manifest(commit))
-            row.fallback = f"{why}; held against its newest tag, {tag}"
-        elif row.snapshot:
-            found[row.node] = KnownGood("snapshot", "newest", row.snapshot, store.manifest(row.snapshot))
-            row.fallback = f"{why}; held against its newest snapshot, {row.snapshot[:10]}"
-    return found
-
-
 def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:
     """The tree ``--against REF`` names (resolved as `diff` resolves its operands)."""
     from snapver.ops.diff import _load_sides
@@ -494,21 +471,43 @@ UNKNOWN = "?"
 
 
 @dataclass(frozen=True)
+class LegendItem:
+    """One letter of a matrix row: what that content is, its blob id and its mode (``st_mode``).
+
+    ``show_mode``: the row's contents differ in mode or kind (a file and a link to the same
+    bytes; 644 and 755), so the mode is what tells this letter from another.
+    """
+
+    letter: str
+    what: str
+    oid: str
+    mode: int
+    show_mode: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"is": self.what, "oid": self.oid or None, "mode": f"{self.mode:o}"}
+
+
+@dataclass(frozen=True)
 class MatrixRow:
     """One file across the fleet: a letter per node (``-`` absent, ``?`` node not read), and
     what each letter's content is."""
 
     path: str
     letters: tuple[str, ...]
-    legend: tuple[tuple[str, str, str], ...]  # (letter, what it is, blob id)
+    legend: tuple[LegendItem, ...]
 
     @property
-    def agrees(self) -> bool:
-        return len(set(self.letters)) == 1
+    def agrees(self) -> bool | None:
+        """Whether every node holds the same; None: the nodes read do, but a node was not read."""
+        read = set(self.letters) - {UNKNOWN}
+        if len(read) > 1:
+            return False
+        return None if UNKNOWN in self.letters else True
 
     def to_json(self, nodes: Sequence[str]) -> dict[str, Any]:
         return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters)),
-                "legend": {letter: {"is": what, "oid": oid or None} for letter, what, oid in self.legend}}
+                "legend": {item.letter: item.to_json() for item in self.legend}}
 
 
 @dataclass
@@ -524,25 +523,41 @@ class MatrixResult:
         return [row.node for row in self.status.nodes]
 
     @property
+    def compared(self) -> list[str]:
+        """The nodes whose trees were read: the matrix says nothing of the others."""
+        return [row.node for row in self.status.nodes if row.live is not None]
+
+    @property
+    def not_compared(self) -> list[str]:
+        return [row.node for row in self.status.nodes if row.live is None]
+
+    @property
     def exit_code(self) -> int:
         errors = max((n.error.exit_code for n in self.status.nodes if n.error is not None), default=0)
-        return errors or (1 if any(not row.agrees for row in self.rows) else 0)
+        return errors or (1 if any(row.agrees is False for row in self.rows) else 0)
 
     def to_json(self) -> dict[str, Any]:
         nodes = self.nodes
-        return {"nodes": nodes, "paths": list(self.paths),
+        return {"nodes": nodes, "compared": self.compared, "not_compared": self.not_compared,
+                "paths": list(self.paths),
                 "known_good": {n.node: n.known_good.to_json() if n.known_good else None for n in self.status.nodes},
                 "errors": {n.node: str(n.error) for n in self.status.nodes if n.error is not None},
                 "files": [row.to_json(nodes) for row in self.rows], "exit_code": self.exit_code}
+
+
+def _content(entry: Entry) -> tuple[str, str, int]:
+    """What makes two copies of a file the same for the matrix, as for `diff`: kind, blob id,
+    and a file's permission bits (same bytes, another mode: `diff` says T)."""
+    return entry.kind, entry.oid, stat.S_IMODE(entry.mode) if entry.kind == FILE else 0
 
 
 def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResult:
     """One row per file that is not the same on every node read (with ``paths``: per file
     they name, whether or not it agrees), each node's content as a letter.
 
-    Letters go to contents in node order (``A`` the first node's); the legend says what
-    each is: pristine (as known-good), a patch, a hot-fix (neither), or only its blob id
-    where nothing is known-good for the nodes that hold it.
+    Letters go to contents (kind, blob id and mode) in node order (``A`` the first node's);
+    the legend says what each is: pristine (as known-good), a patch, a hot-fix (neither),
+    or only its blob id where nothing is known-good for the nodes that hold it.
     """
     from snapver.ops.diff import normalize_paths, path_matches
 
@@ -559,26 +574,28 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
     rows = []
     for path in every:
         states = [(n, n.live.get(path)) for n in rows_read]  # type: ignore[union-attr]
-        contents = {(e.kind, e.oid) if e is not None else None for _n, e in states}
+        contents = {_content(e) if e is not None else None for _n, e in states}
         if not filters and len(contents) == 1:
             continue
+        # Contents that differ in kind or mode: the legend gives each one's (it may be all that differs).
+        show_mode = len({(key[0], key[2]) for key in contents if key is not None}) > 1
         letters: dict[Any, str] = {}
-        legend: list[tuple[str, str, str]] = []
+        legend: list[LegendItem] = []
         for node, entry in states:
-            key = (entry.kind, entry.oid) if entry is not None else None
-            if key is None or key in letters:
+            key = _content(entry) if entry is not None else None
+            if entry is None or key in letters:
                 continue
             letter = letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else "*"
-            legend.append((letter, _what(path, key, states, off), entry.oid))
-        by_node = {n.node: (letters[(e.kind, e.oid)] if e is not None else ABSENT) for n, e in states}
+            legend.append(LegendItem(letter, _what(path, key, states, off), entry.oid, entry.mode, show_mode))
+        by_node = {n.node: (letters[_content(e)] if e is not None else ABSENT) for n, e in states}
         rows.append(MatrixRow(path, tuple(by_node.get(n.node, UNKNOWN) for n in result.nodes), tuple(legend)))
     return MatrixResult(result, rows, tuple(filters))
 
 
-def _what(path: str, key: tuple[str, str], states: list[tuple[NodeStatus, Entry | None]],
+def _what(path: str, key: tuple[str, str, int], states: list[tuple[NodeStatus, Entry | None]],
           off: dict[str, dict[str, DriftedFile]]) -> str:
     """What the content ``key`` at ``path`` is, by the nodes that hold it."""
-    holders = [n for n, e in states if e is not None and (e.kind, e.oid) == key]
+    holders = [n for n, e in states if e is not None and _content(e) == key]
     for node in holders:  # as known-good on one of them
         if node.known_good is not None and node.off is not None and path not in off[node.node]:
             return node.known_good.pristine

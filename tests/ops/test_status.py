@@ -221,3 +221,40 @@ def test_status_of_several_nodes_shows_each_interrupted_push(fleet: dict) -> Non
     with store.lock():
         assert last_push(store, "ct200")["interrupted"] is False
         assert last_push(store, "ct200")["running"] is True
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh"])
+def test_a_node_without_a_record_is_never_called_pristine(transport: str, make_site_packages, ssh_node,
+                                                          local_node, tmp_path: Path) -> None:
+    """No RECORD and no --against: nothing is known-good. A hot-fix pulled into the newest
+    snapshot must not make the node "pristine" (it did: exit 0 once a pull followed the edit)."""
+    site = make_site_packages("ct200", files=PRISTINE)  # no dist-info
+    node = ssh_node("ct200", site) if transport == "ssh" else local_node(site)
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": {"ct200": node}}))
+    assert run_inproc("--config", config, "pull").code == 0
+    (site / "sglang/srt/c.py").write_text("c = 'edited by hand on the node'\n")
+    for pulled in (False, True):
+        if pulled:
+            assert run_inproc("--config", config, "pull").code == 0  # the pull records the hot-fix
+        result = run_inproc("--config", config, "status", "--json")
+        assert result.code == 1, (pulled, result)
+        row = json.loads(result.out)["nodes"][0]
+        assert row["known_good"] is None and row["exit_code"] == 1, row
+        assert row["pristine_unchecked"].startswith("no installed distribution (*.dist-info) owns sglang/srt in ")
+        assert "--against REF" in row["pristine_unchecked"]
+        assert row["drift"] == ([] if pulled else [{"path": "sglang/srt/c.py", "status": "M", "label": "",
+                                                   "patches": []}])
+        table = run_inproc("--config", config, "status")
+        assert table.code == 1, table
+        lines = table.out.splitlines()
+        assert "pristine" not in table.out.replace("whether its tree is pristine is unknown", ""), lines
+        assert lines[1].split()[-3:] == ["none", "unknown", "0"], lines  # known-good, state, restart
+        note = next(line for line in lines if line.startswith("ct200: no installed distribution"))
+        assert "ct200: ct200:" not in table.out and "--against REF" in note, lines
+        if not pulled:
+            assert "  M  sglang/srt/c.py" in lines  # changed since the snapshot; no label: nothing to judge it by
+    # Known-good named: the hot-fix is one, pulled or not.
+    code = run_inproc("--config", config, "status", "--json", "--against", "ct200~1")
+    row = json.loads(code.out)["nodes"][0]
+    assert code.code == 1 and row["known_good"]["hot_fixed"] == 1 and row["pristine_unchecked"] is None, row

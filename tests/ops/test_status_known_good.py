@@ -1,8 +1,8 @@
 """snapver status against known-good code, on real sshd nodes holding the sglang wheel's tree.
 
-Known-good is the wheel's RECORD (sha256 per file, checked here with hashlib), a ref
-(``--against``), or for a node without a RECORD its newest tag, then snapshot. The
-fleet matrix (``--files``) gives each node's content of a file a letter.
+Known-good is the wheel's RECORD (sha256 per file, checked here with hashlib) or a ref
+(``--against``); a node with neither has none (its state is unknown, exit 1). The fleet
+matrix (``--files``) gives each node's content of a file a letter.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_against_a_folder(one_node: dict, tmp_path: Path) -> None:
     assert [(f["path"], f["label"]) for f in row["known_good"]["files"]] == [(SERVER_ARGS, "hot-fix")]
 
 
-def test_against_a_tag_and_the_fallback_without_a_record(one_node: dict) -> None:
+def test_against_a_tag_and_nothing_known_good_without_a_record(one_node: dict) -> None:
     site, config = one_node["site"], one_node["config"]
     assert run_inproc("--config", config, "tag", "may22", "ct200").code == 0
     with open(site / SERVER_ARGS, "a") as handle:
@@ -157,23 +157,18 @@ def test_against_a_tag_and_the_fallback_without_a_record(one_node: dict) -> None
     assert bad.code == 2 and "unknown ref 'nosuch'" in bad.err
     live = run_inproc("--config", config, "status", "--against", "ct200")
     assert live.code == 2 and "a live node is not known-good code" in live.err
-    # No RECORD: the node's newest tag is known-good, and status says so.
+    # No RECORD: nothing is known-good (a tag is a name, not a claim; the newest snapshot holds
+    # the edit): the state is unknown, exit 1, and status says how to name known-good code.
     (site / "sglang-0.5.23.dist-info" / "RECORD").unlink()
     code, document = status_json(config)
     row = document["nodes"][0]
-    assert code == 1 and row["known_good"]["kind"] == "tag" and row["known_good"]["name"] == "may22"
-    assert "has no RECORD file" in row["known_good"]["fallback"]
-    assert "held against its newest tag, may22" in row["known_good"]["fallback"]
-    assert [f["path"] for f in row["known_good"]["files"]] == [SERVER_ARGS]
+    assert code == 1 and row["known_good"] is None and row["identical"] is True, row
+    assert row["pristine_unchecked"].startswith("sglang-0.5.23.dist-info has no RECORD file: no known-good code")
     text = run_inproc("--config", config, "status").out
-    assert "ct200: " in text and "held against its newest tag, may22" in text
-    # No tag either: the newest snapshot (which holds the edit: nothing is hot-fixed against it).
-    assert run_inproc("--config", config, "tag", "-d", "may22").code == 0
-    code, document = status_json(config)
-    row = document["nodes"][0]
-    head = git(one_node["store"], "rev-parse", "refs/heads/nodes/ct200").strip()
-    assert code == 0 and row["known_good"]["kind"] == "snapshot" and row["known_good"]["commit"] == head
-    assert f"held against its newest snapshot, {head[:10]}" in row["known_good"]["fallback"]
+    assert "ct200: sglang-0.5.23.dist-info has no RECORD file: " in text and "--against REF" in text
+    assert "pristine" not in text.replace("whether its tree is pristine is unknown", "")
+    code, document = status_json(config, "--against", "may22")  # still held against what it names
+    assert code == 1 and document["nodes"][0]["known_good"]["hot_fixed"] == 1
 
 
 @pytest.fixture
@@ -277,16 +272,16 @@ def test_an_unchanged_node_reuses_how_its_snapshot_stood_against_its_record(one_
     code, document = status_json(config)
     row = document["nodes"][0]
     assert code == 1 and row["known_good"]["kind"] == "record" and row["known_good"]["hot_fixed"] == 1
-    # ... -c hashes every file and reads RECORD again: none, so the newest snapshot is known-good.
+    # ... -c hashes every file and reads RECORD again: none, so nothing is known-good.
     code, document = status_json(config, "-c")
-    assert document["nodes"][0]["known_good"]["kind"] == "snapshot"
+    assert code == 1 and document["nodes"][0]["known_good"] is None
     # A change since the snapshot: RECORD is read again.
     record.write_bytes(saved)
     with open(site / SERVER_ARGS, "a") as handle:
         handle.write("# edited again\n")
     record.unlink()
     code, document = status_json(config)
-    assert code == 1 and document["nodes"][0]["known_good"]["kind"] == "snapshot"
+    assert code == 1 and document["nodes"][0]["known_good"] is None
 
 
 def test_nodes_with_different_records_are_each_held_against_their_own(make_site_packages, ssh_node,
@@ -308,3 +303,100 @@ def test_nodes_with_different_records_are_each_held_against_their_own(make_site_
     code, document = status_json(config)
     hot = {row["node"]: [f["path"] for f in row["known_good"]["files"]] for row in document["nodes"]}
     assert hot == {"ct200": [], "ct129": [], "fleet00": ["sglang/srt/a.py"]} and code == 1
+
+
+def installed_tree(files: dict[str, str]) -> dict[str, str]:
+    """``files`` as pip would have installed them: METADATA, and a RECORD of their sha256."""
+    import base64
+
+    def sha256(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    rows = "".join(f"{path},sha256={sha256(text)},{len(text.encode())}\n" for path, text in sorted(files.items()))
+    return {**files, "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n",
+            "sglang-0.5.23.dist-info/RECORD": rows}
+
+
+SMALL = {"sglang/srt/a.py": "a = 1\n", "sglang/srt/b.py": "b.py.orig", "sglang/srt/c.py": "c = 1\n"}
+
+
+@pytest.fixture(params=["local", "ssh"])
+def small_fleet(request, make_site_packages, ssh_node, local_node, tmp_path: Path) -> dict:
+    """Three nodes as installed (RECORD) with SMALL; the test makes them differ."""
+    sites = {name: make_site_packages(name, files=installed_tree(SMALL)) for name in ("ct200", "ct129", "fleet00")}
+    config = write_config(tmp_path, {name: ssh_node(name, site) if request.param == "ssh" else local_node(site)
+                                     for name, site in sites.items()})
+    return {"config": config, "sites": sites}
+
+
+def test_fleet_matrix_tells_a_mode_or_a_link_from_the_same_bytes(small_fleet: dict) -> None:
+    """Same bytes, another mode (or a symlink whose target is those bytes) is not identical:
+    `diff` says T; the matrix gave them one letter and said every file agreed (exit 0)."""
+    config, sites = small_fleet["config"], small_fleet["sites"]
+    (sites["ct129"] / "sglang/srt/a.py").chmod(0o755)
+    (sites["fleet00"] / "sglang/srt/b.py").unlink()
+    (sites["fleet00"] / "sglang/srt/b.py").symlink_to("b.py.orig")  # its target: b.py's bytes on the others
+    result = run_inproc("--config", config, "status", "--files", "--json")
+    assert result.code == 1, result
+    document = json.loads(result.out)
+    rows = {row["path"]: row for row in document["files"]}
+    assert sorted(rows) == ["sglang/srt/a.py", "sglang/srt/b.py"]
+    a, b = rows["sglang/srt/a.py"], rows["sglang/srt/b.py"]
+    assert a["nodes"] == {"ct200": "A", "ct129": "B", "fleet00": "A"} and a["agrees"] is False
+    assert a["legend"]["A"]["oid"] == a["legend"]["B"]["oid"] == git_hash(SMALL["sglang/srt/a.py"].encode())
+    assert (a["legend"]["A"]["mode"], a["legend"]["B"]["mode"]) == ("100644", "100755")
+    assert a["legend"]["A"]["is"] == a["legend"]["B"]["is"] == "pristine sglang 0.5.23"  # RECORD: content only
+    assert b["nodes"] == {"ct200": "A", "ct129": "A", "fleet00": "B"} and b["legend"]["B"]["mode"] == "120777"
+    assert b["legend"]["A"]["oid"] == b["legend"]["B"]["oid"]
+    text = run_inproc("--config", config, "status", "--files")
+    assert text.code == 1, text
+    lines = text.out.splitlines()
+    row = lines.index("A B A  sglang/srt/a.py")  # the legend wraps at 80 columns
+    assert lines[row + 1:row + 3] == ["       A pristine sglang 0.5.23 mode 100644",
+                                      "       B pristine sglang 0.5.23 mode 100755"]
+    row = lines.index("A A B  sglang/srt/b.py")
+    assert lines[row + 1].startswith("       A pristine sglang 0.5.23 mode 100644  B ")
+    assert lines[row + 1].endswith(" link")
+    assert lines[-1] == "2 files differ across 3 nodes"
+
+
+def test_fleet_matrix_names_the_nodes_it_could_not_read(small_fleet: dict, tmp_path: Path) -> None:
+    """A node that could not be read is not compared, and the matrix says so: it said
+    "all files agree on 2 nodes" with one of the two unread."""
+    config, sites = small_fleet["config"], small_fleet["sites"]
+    (sites["ct200"] / "sglang/srt/c.py").write_text("c = 'hot-fixed'\n")
+    sites["fleet00"].rename(sites["fleet00"].with_name("gone"))
+    # Two nodes, one unread: nothing to compare, and no claim that anything agrees.
+    result = run_inproc("--config", config, "status", "--files", "ct200", "fleet00")
+    assert result.code == 3 and "agree" not in result.out, result
+    assert result.out.splitlines() == ["nothing compared: only ct200 was read; not compared: fleet00"]
+    document = json.loads(run_inproc("--config", config, "status", "--files", "--json", "ct200", "fleet00").out)
+    assert document["compared"] == ["ct200"] and document["not_compared"] == ["fleet00"] and document["files"] == []
+    # Three nodes, one unread: ct200's difference from ct129 is still a row; fleet00 is '?'.
+    result = run_inproc("--config", config, "status", "--files", "--json")
+    assert result.code == 3, result
+    document = json.loads(result.out)
+    assert document["compared"] == ["ct200", "ct129"] and document["not_compared"] == ["fleet00"]
+    assert [(r["path"], r["nodes"], r["agrees"]) for r in document["files"]] == [
+        ("sglang/srt/c.py", {"ct200": "A", "ct129": "B", "fleet00": "?"}, False)]
+    assert document["files"][0]["legend"]["A"]["is"] == "hot-fix"
+    text = run_inproc("--config", config, "status", "--files")
+    assert text.code == 3 and "fleet00" in text.err, text
+    assert text.out.splitlines()[-1] == "1 file differs across the 2 nodes read; not compared: fleet00", text
+    # Named files that agree on the nodes read: no claim about the node not read.
+    named = run_inproc("--config", config, "status", "--files", "--json", "--", "sglang/srt/a.py")
+    assert named.code == 3
+    assert [(r["nodes"], r["agrees"]) for r in json.loads(named.out)["files"]] == [
+        ({"ct200": "A", "ct129": "A", "fleet00": "?"}, None)]
+    named = run_inproc("--config", config, "status", "--files", "--", "sglang/srt/a.py")
+    assert named.out.splitlines()[-1] == ("the 1 file(s) named agree on the 2 nodes read; not compared: fleet00")
+
+
+def test_fleet_matrix_quotes_a_path_as_diff_does(small_fleet: dict) -> None:
+    config, sites = small_fleet["config"], small_fleet["sites"]
+    (sites["ct129"] / "sglang/srt/new\nline.py").write_text("x = 1\n")
+    text = run_inproc("--config", config, "status", "--files")
+    assert text.code == 1, text
+    assert '- A -  "sglang/srt/new\\nline.py"' in text.out.splitlines(), text
+    names = run_inproc("--config", config, "diff", "--name-status", "ct200", "ct129")
+    assert names.out == 'A\t"sglang/srt/new\\nline.py"\n', names

@@ -309,7 +309,7 @@ def test_agent_ends_with_the_command(sshd, site, ssh_node, write_config, run_sna
     python.symlink_to(subprocess.run(["sh", "-c", "command -v python3"], capture_output=True, text=True,
                                      check=True).stdout.strip())
     write_config({"ct200": ssh_node("ct200", site, python=str(python))})
-    for args in (["pull", "ct200"], ["diff", "-q", "ct200@latest", "ct200"], ["status"]):
+    for args in (["pull", "ct200"], ["diff", "-q", "ct200@latest", "ct200"], ["status", "--against", "ct200@latest"]):
         result = run_snapver(*args)
         assert result.code == 0, result
         deadline = time.monotonic() + 5
