@@ -43,7 +43,7 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "health_timeout": ((int, float), "a number of seconds"),
 }
 DEFAULT_HEALTH_TIMEOUT = 300.0
-_NODE_ONLY_KEYS = {"host", "site_packages", "python", "local"}
+_NODE_ONLY_KEYS = {"host", "local"}  # what one node is; the rest a fleet may share ([defaults])
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,8 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
         raise fail("store.sync", f'expected "auto" or "manual", got {sync!r}')
 
     defaults = dict(_table(data, "defaults", fail))
+    for key in sorted(_NODE_ONLY_KEYS & set(defaults)):
+        raise fail(f"defaults.{key}", "set per node ([nodes.NAME]), not in [defaults]")
     _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves"}, "defaults.", fail)
     waves = defaults.pop("waves", None)  # the fleet's, not a node's
     if waves is not None:
@@ -245,10 +247,15 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     groups: dict[str, tuple[str, ...]] = {}
     for name, members in _table(data, "groups", fail).items():
         key = f"groups.{name}"
-        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-            raise fail(key, "expected a list of node names")
+        if not _valid_name(name):
+            raise fail(key, "a group name is letters, digits, '.', '_' or '-'")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members) or not members:
+            raise fail(key, "expected a non-empty list of node names")
         if name in nodes:
             raise fail(key, f"a group cannot share its name with node {name!r}")
+        twice = sorted({m for m in members if members.count(m) > 1})
+        if twice:
+            raise fail(key, f"node {twice[0]!r} is listed twice")
         for member in members:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
@@ -310,6 +317,8 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
     if not 0 < health_timeout < math.inf:
         raise fail(prefix + "health_timeout", f"expected a positive number of seconds, got {health_timeout}")
     paths = tuple(merged.get("paths", DEFAULT_PATHS))
+    if not paths:
+        raise fail(prefix + "paths", "expected at least one path (a pull of none would record an empty tree)")
     for tracked in paths:
         parts = tracked.strip("/").split("/")
         if (not tracked or tracked.startswith("/") or any(part in ("", ".", "..") for part in parts)

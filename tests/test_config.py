@@ -178,13 +178,30 @@ def test_no_name_needs_exactly_one_node(write_config, tmp_path: Path) -> None:
     assert "--all" in caught.value.message and "a, b" in str(caught.value)
 
 
+def test_site_packages_and_python_may_be_shared_defaults(write_config) -> None:
+    """A fleet of one layout says its site-packages (or python) once, in [defaults]; a node may
+    still set its own. (``defaults.site_packages`` was refused as an unknown key.)"""
+    path = write_config({"a": {"host": "10.0.0.1"}, "b": {"host": "10.0.0.2", "site_packages": "/other"}},
+                        defaults={"site_packages": "/venv/sp", "python": "/venv/bin/python"})
+    config = load_config(str(path))
+    assert [(config.node(n).site_packages, config.node(n).python) for n in "ab"] == [
+        ("/venv/sp", "/venv/bin/python"), ("/other", "/venv/bin/python")]
+
+
 # --------------------------------------------------------------------------- refusals
 
 BAD_CONFIGS = [
     # (id, nodes, groups, defaults, the key the error must name, a word of the reason)
     ("unknown-node-key", {"n": _node(hots="x")}, None, None, "nodes.n.hots", "unknown key"),
     ("unknown-default-key", {"n": _node()}, None, {"colour": "red"}, "defaults.colour", "unknown key"),
-    ("host-in-defaults", {"n": _node()}, None, {"host": "h"}, "defaults.host", "unknown key"),
+    ("host-in-defaults", {"n": _node()}, None, {"host": "h"}, "defaults.host", "set per node"),
+    ("local-in-defaults", {"n": _node()}, None, {"local": True}, "defaults.local", "set per node"),
+    ("no-paths", {"n": _node(paths=[])}, None, None, "nodes.n.paths", "at least one path"),
+    ("no-paths-by-default", {"n": _node()}, None, {"paths": []}, "nodes.n.paths", "at least one path"),
+    ("group-empty", {"n": _node()}, {"tp8": []}, None, "groups.tp8", "non-empty"),
+    ("group-twice", {"n": _node()}, {"tp8": ["n", "n"]}, None, "groups.tp8", "twice"),
+    ("group-bad-name", {"n": _node()}, {"--all": ["n"]}, None, "groups.--all", "group name"),
+    ("group-name-with-at", {"n": _node()}, {"g@x": ["n"]}, None, "groups.g@x", "group name"),
     ("port-as-string", {"n": _node(port="22")}, None, None, "nodes.n.port", "integer"),
     ("port-as-bool", {"n": _node(port=True)}, None, None, "nodes.n.port", "integer"),
     ("port-range", {"n": _node(port=70000)}, None, None, "nodes.n.port", "1-65535"),
