@@ -43,6 +43,7 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "health_timeout": ((int, float), "a number of seconds"),
 }
 DEFAULT_HEALTH_TIMEOUT = 300.0
+CONFIG_HINT = "every key is described in .snapver.example (snapver init writes it as a new .snapver)"
 _NODE_ONLY_KEYS = {"host", "local"}  # what one node is; the rest a fleet may share ([defaults])
 
 
@@ -176,7 +177,7 @@ def load_config(explicit: str | None = None, cwd: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid TOML: {exc}", hint=CONFIG_HINT) from exc
     return parse_config(data, path)
 
 
@@ -193,7 +194,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     """Validate a parsed TOML document; every error names ``path`` and the key."""
 
     def fail(key: str, reason: str) -> ConfigError:
-        return ConfigError(f"{path}: {key}: {reason}")
+        return ConfigError(f"{path}: {key}: {reason}", hint=CONFIG_HINT)
 
     _check_keys(data, {"store", "defaults", "nodes", "groups", "ui"}, "", fail)
     ui = _table(data, "ui", fail)

@@ -238,6 +238,7 @@ def test_bad_config_names_file_key_and_reason(write_config, nodes, groups, defau
     assert caught.value.exit_code == 2
     assert message.startswith(f"{path}: {key}: "), message
     assert reason in message
+    assert ".snapver.example" in caught.value.hint  # SPEC: one line and a hint
 
 
 def test_unknown_top_level_and_store_keys(tmp_path: Path) -> None:
