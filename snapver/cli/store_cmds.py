@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, fields_line, human_bytes, print_table, show_path
+from snapver.cli.render import HeldOutput, console, emit_json, escape, fields_line, human_bytes, print_table, show_path
+
+if TYPE_CHECKING:
+    from snapver.model import Entry
 
 
 @app.command()
@@ -139,6 +144,32 @@ def log(
     return 0
 
 
+def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[bytes]") -> None:
+    """`show REF PATH --json`: one JSON document holding the file as text (UTF-8 up to 1 MiB),
+    else as base64 written as it is read (a 500 MB ``.so`` is never held whole)."""
+    document = {"snapshot": snapshot, "path": path, "kind": file.kind, "mode": f"{file.mode:o}", "size": file.size}
+    if file.size <= 1 << 20:
+        data = b"".join(pieces)
+        try:
+            emit_json({**document, "encoding": "utf-8", "content": data.decode("utf-8")})
+            return
+        except UnicodeDecodeError:
+            pieces = iter([data])
+    head = json.dumps({**document, "encoding": "base64"}, indent=2)
+    out = sys.stdout
+    if isinstance(out, HeldOutput):  # as emit_json: a JSON document is never paged
+        out.unpaged = True
+    out.write(head[:-2] + ',\n  "content": "')
+    left = b""
+    for piece in pieces:  # whole groups of 3 bytes per write: the base64 of the parts joins up
+        piece = left + piece
+        cut = len(piece) - len(piece) % 3
+        out.write(base64.b64encode(piece[:cut]).decode("ascii"))
+        left = piece[cut:]
+    out.write(base64.b64encode(left).decode("ascii") + '"\n}\n')
+    out.flush()
+
+
 @app.command()
 def show(
     ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
@@ -152,16 +183,21 @@ def show(
       snapver show may22 sglang/srt/server_args.py
       snapver show ct200~1 --json
     """
+    from snapver.ops.log import content
     from snapver.ops.log import show as run_show
 
     config = STATE.config()
     store = STATE.store(config)
     result = run_show(store, config, ref, path)
-    if result.content is not None:
-        sys.stdout.buffer.write(result.content)
+    info = result.snapshot
+    if result.file is not None:
+        if json_out:
+            _emit_file_json(info.id, result.path or "", result.file, content(store, result.file))
+            return 0
+        for piece in content(store, result.file):
+            sys.stdout.buffer.write(piece)
         sys.stdout.flush()
         return 0
-    info = result.snapshot
     if json_out:
         emit_json({**info.to_json(), "parent": result.parent,
                    "changes": None if result.changes is None else result.changes.to_json()["changes"],

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 from datetime import datetime
 
 from snapver.config import Config
 from snapver.errors import RefError, UsageError
-from snapver.model import MANIFEST_PATH, Manifest
+from snapver.model import MANIFEST_PATH, Entry, Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
@@ -125,7 +125,7 @@ class ShowResult:
     snapshot: SnapshotInfo
     manifest: Manifest | None = None
     path: str | None = None
-    content: bytes | None = None
+    file: Entry | None = None  # the file ``path`` names: its content is read with ``content``
     parent: str | None = None
     changes: Any = None  # DiffResult from the parent (with diffstat numbers), None for a first snapshot
 
@@ -151,4 +151,9 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
         near = difflib.get_close_matches(path, list(manifest.entries), n=3, cutoff=0.8)
         raise RefError(f"{path!r} is not in snapshot {commit_id[:10]}",
                        hint=("did you mean: " + ", ".join(near)) if near else "paths are relative to site-packages")
-    return ShowResult(info, None, path, store.read_blob(entry.oid))
+    return ShowResult(info, None, path, entry)
+
+
+def content(store: Store, entry: Entry) -> Iterator[bytes]:
+    """A file's content in pieces (a 500 MB ``.so`` is never held whole)."""
+    return store.blob_chunks(entry.oid)

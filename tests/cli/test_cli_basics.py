@@ -6,6 +6,7 @@ no run may print a traceback.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -277,6 +278,21 @@ def test_log_lists_snapshots_newest_first(history, run_snapver) -> None:
     fails(run_snapver("log", "ct201"), 2, "ct201", "ct200", "laptop")
 
 
+def test_show_json_of_a_file_above_a_mib_is_base64_written_as_read(make_site_packages, local_node, write_config,
+                                                                      run_snapver) -> None:
+    """Past 1 MiB a file's JSON is base64, written piece by piece as the store gives it (the
+    pieces' base64 must join up: 3 MiB + 1 byte, not a multiple of 3 nor of the piece)."""
+    data = bytes(range(256)) * (3 * 4096) + b"!"
+    site = make_site_packages("n", files={f"{SRT}/big.bin": data, f"{SRT}/big.txt": "é" * (1 << 20)})
+    write_config({"n": local_node(site)})
+    assert run_snapver("pull", "n").code == 0
+    document = json.loads(ok(run_snapver("show", "--json", "n", f"{SRT}/big.bin")).out)
+    assert (document["encoding"], document["size"]) == ("base64", len(data))
+    assert base64.b64decode(document["content"], validate=True) == data
+    text = json.loads(ok(run_snapver("show", "--json", "n", f"{SRT}/big.txt")).out)  # 2 MiB of UTF-8: base64 too
+    assert base64.b64decode(text["content"]).decode() == "é" * (1 << 20)
+
+
 def test_show_metadata_and_file_content(history, fleet, run_snapver) -> None:
     out = ok(run_snapver("show", "ct200")).out
     assert history["second"] in out
@@ -294,6 +310,11 @@ def test_show_metadata_and_file_content(history, fleet, run_snapver) -> None:
     document = json.loads(ok(run_snapver("show", "--json", "ct200")).out)
     assert document["id"] == history["second"]
     assert {e["path"] for e in document["manifest"]} == {f"{SRT}/a.py", f"{SRT}/bin.dat", f"{SRT}/new.py"}
+    # A file with --json: one JSON document (it printed the raw content), text or base64.
+    text = json.loads(ok(run_snapver("show", "--json", "ct200~1", f"{SRT}/a.py")).out)
+    assert (text["encoding"], text["content"], text["path"], text["size"]) == ("utf-8", "a = 1\n", f"{SRT}/a.py", 6)
+    data = json.loads(ok(run_snapver("show", "--json", "ct200", f"{SRT}/bin.dat")).out)
+    assert data["encoding"] == "base64" and base64.b64decode(data["content"]) == binary.stdout
 
     fails(run_snapver("show", "ct200", f"{SRT}/nope.py"), 2, "nope.py")
     fails(run_snapver("show", "nosuch"), 2, "nosuch", "ct200")

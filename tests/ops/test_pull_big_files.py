@@ -118,6 +118,17 @@ def test_a_500mb_class_file_is_pulled_in_bounded_memory_and_hashed_right(
     assert client_kib <= 100 * 1024, f"client peak {client_kib // 1024} MiB"
     peaks = agent_peaks(agent_report)
     assert peaks and max(peaks) <= 50 * 1024, f"agent peaks {[p // 1024 for p in peaks]} MiB"
+    # `show` of the file streams it out of the store (it read the blob whole: ~300 MiB).
+    shown = tmp_path / "shown.so"
+    with open(shown, "wb") as out:
+        done = subprocess.run([TIME, "-f", "%M", "-o", str(tmp_path / "show-kib"), sys.executable, "-m", "snapver",
+                               "show", "ct200", BIG], stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert file_digests(shown)[0] == oid
+    show_kib = int((tmp_path / "show-kib").read_text().split()[-1])
+    assert show_kib <= 100 * 1024, f"show: client peak {show_kib // 1024} MiB"
+    shown.unlink()
 
     with open(site / BIG, "r+b") as handle:  # the node's copy changes: hashed there, in pieces
         handle.seek(123 * MiB)
