@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Generator, Iterable, Iterator
+from typing import Any, BinaryIO, Generator, Iterable, Iterator, Sequence
 
 from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
@@ -100,12 +101,12 @@ class GitStream:
     ``waiting()`` before reading an answer and ``answered()`` after it.
     """
 
-    def __init__(self, git_dir: Path, *args: str, timeout: float | None = None) -> None:
+    def __init__(self, git_dir: Path, *args: str, timeout: float | None = None, options: Sequence[str] = ()) -> None:
         self.command = f"git {args[0]}"
         self.timeout = git_timeout() if timeout is None else timeout
         self.timed_out = False
         try:
-            self.process = subprocess.Popen(["git", "--git-dir", str(git_dir), *args], stdin=subprocess.PIPE,
+            self.process = subprocess.Popen(["git", "--git-dir", str(git_dir), *options, *args], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             start_new_session=True)  # see run_git
         except OSError as exc:
@@ -183,6 +184,19 @@ class GitStream:
             if self.process.poll() is not None:
                 return
 
+
+
+def _open_loose(path: Path) -> BinaryIO | None:
+    """A loose object's file, if it is a plain file (a FIFO in its place would block the open
+    and every read: left to git, which the watchdog stops); None when packed or missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
 
 
 def _loose_blob_pieces(handle: BinaryIO, oid: str, chunk: int) -> Iterator[bytes]:
@@ -432,34 +446,33 @@ class Store:
         """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole).
 
         Close it when stopping early: that ends its git process."""
-        try:
-            loose = open(self.path / "objects" / oid[:2] / oid[2:], "rb") if is_git_id(oid) else None
-        except OSError:
-            loose = None  # packed (or missing): git reads it
+        loose = _open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
         if loose is not None:
             # git maps a loose object whole (its pages stay resident: a 300 MB blob cost git
             # 290 MiB); read here, the file is inflated a piece at a time.
             with loose:
                 yield from _loose_blob_pieces(loose, oid, chunk)
             return
-        try:
-            process = subprocess.Popen(["git", "--git-dir", str(self.path), *STREAMING, "cat-file", "blob", oid],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)  # see run_git
-        except OSError as exc:
-            raise StoreError(f"cannot run git: {exc}") from exc
-        assert process.stdout is not None
+        # Packed, missing, or not a plain file: git reads it, watched as cat-file --batch is
+        # (a read that waits past the timeout kills it: a stalled git is not a wait forever).
+        stream = GitStream(self.path, "cat-file", "blob", oid, options=STREAMING)
         finished = False
         try:
-            while piece := process.stdout.read(chunk):
+            while True:
+                stream.waiting()
+                piece = stream.stdout.read(chunk)
+                stream.answered()
+                if not piece:
+                    break
                 yield piece
             finished = True
         finally:
-            process.stdout.close()
-            if not finished:
-                process.kill()  # closed early (the reader stopped): git's exit says nothing of the object
-            if process.wait() != 0 and finished:
-                raise StoreError(f"object {oid} is missing from the store, or corrupt", hint="run `snapver fsck`")
+            status = stream.process.poll() if not finished else stream.process.wait()
+            stream.close()  # killed if closed early (the reader stopped): its exit says nothing then
+            if finished:
+                stream.check_time()
+                if status != 0:
+                    raise StoreError(f"object {oid} is missing from the store, or corrupt", hint="run `snapver fsck`")
 
     def blob_head(self, oid: str, size: int = HEAD_BYTES) -> bytes:
         """The first ``size`` bytes (fewer if shorter) of a blob, without reading the rest."""
