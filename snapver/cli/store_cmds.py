@@ -206,15 +206,26 @@ def show(
         return 0
     out = console()
     meta = info.meta
-    out.print(f"snapshot {info.id}")
-    out.print(f"node:          {escape(info.node)} ({escape(str(meta.get('host', '')))})")
-    out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
-    out.print(f"made by:       {escape(info.made_by)}")
-    out.print(f"site-packages: {escape(str(meta.get('site_packages', '')))}")
-    out.print(f"python:        {escape(str(meta.get('python', '')))}")
-    out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
-    out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
-    out.print(f"files:         {info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed")
+    if meta.get("kind") == "patch":  # a patch's tree: what it is on, not a node's snapshot
+        changed = len(result.changes.changes) if result.changes is not None else 0
+        out.print(f"patch {escape(str(meta.get('name', '?')))} (commit {info.id})")
+        out.print(f"base:          {escape(str(meta.get('base_node', '?')))} {str(meta.get('base', '?'))[:10]}")
+        out.print(f"nodes:         {escape(', '.join(meta.get('nodes') or [])) or '-'}")
+        out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
+        out.print(f"made by:       {escape(str(meta.get('source', 'patch')))}")
+        out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
+        out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
+        out.print(f"files:         {len(result.manifest or [])}, {changed} changed by the patch")
+    else:
+        out.print(f"snapshot {info.id}")
+        out.print(f"node:          {escape(info.node)} ({escape(str(meta.get('host', '')))})")
+        out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
+        out.print(f"made by:       {escape(info.made_by)}")
+        out.print(f"site-packages: {escape(str(meta.get('site_packages', '')))}")
+        out.print(f"python:        {escape(str(meta.get('python', '')))}")
+        out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
+        out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
+        out.print(f"files:         {info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed")
     if info.tags:
         out.print(f"tags:          {escape(', '.join(info.tags))}")
     if info.message:

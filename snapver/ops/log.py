@@ -141,6 +141,8 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
         from snapver.ops.diff import diff
 
         parent = commit.parents[0] if commit.parents else None
+        if commit.meta.get("kind") == "patch" and isinstance(commit.meta.get("base"), str):
+            parent = commit.meta["base"]  # a patch shows what it changes (its first parent may be its last version)
         changes = diff(store, config, parent, commit_id, contents=True) if parent else None
         return ShowResult(info, manifest, parent=parent, changes=changes)
     path = path.strip("/")

@@ -398,6 +398,12 @@ def test_new_and_save_record_the_checkout(small, run_snapver, isolated_env):
 
     again = run_snapver("patch", "save", "edit")
     assert again.code == 0 and "nothing to save" in again.out
+    # `show PATCH` says what the patch is and what it changes from its base (it said
+    # `node: ? ()`, no files changed, and diffed against the patch's previous version).
+    lines = run_snapver("show", "edit").out.splitlines()
+    assert lines[0].startswith("patch edit (commit ") and lines[1].startswith("base:          small ")
+    assert "files:         " in "\n".join(lines) and ", 4 changed by the patch" in "\n".join(lines), lines
+    assert not any(line.startswith("node:") for line in lines)
     shown = json.loads(run_snapver("patch", "show", "edit", "--json").out)
     assert len(shown["history"]) == 2 and shown["checkout"] == str(folder)
     assert {f["path"] for f in shown["files"]} == {"sglang/srt/a.py", "sglang/srt/crlf.py", "sglang/srt/gone.py",
