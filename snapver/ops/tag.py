@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from snapver.config import Config
-from snapver.errors import RefError
+from snapver.errors import RefError, StoreError
 from snapver.model import Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
@@ -139,4 +139,8 @@ def list_tags(store: Store) -> list[TagInfo]:
     if not rows:
         return []
     commits = {c.id: c for c in store.commits(sorted({commit for _, commit, _ in rows}), no_walk=True)}
+    for name, commit, _ in rows:
+        if commit not in commits:  # a tag ref pointing at a blob or a tree
+            raise StoreError(f"tag {name!r} names {commit[:10]}, which is not a commit: the store is damaged",
+                             hint="run `snapver fsck`")
     return [_info(name, commits[commit], note=note) for name, commit, note in sorted(rows)]

@@ -525,8 +525,12 @@ class Store:
         self.git("update-ref", "-d", name)
 
     def commit(self, rev: str) -> Commit:
-        """Read one commit and its snapver metadata."""
-        return self.commits([rev], no_walk=True)[0]
+        """Read one commit and its snapver metadata; a StoreError when ``rev`` names no commit
+        (a ref of the store pointing at a blob or a tree: damage, which fsck names)."""
+        found = self.commits([rev], no_walk=True)
+        if not found:
+            raise StoreError(f"{rev[:40]} is not a commit: the store is damaged", hint="run `snapver fsck`")
+        return found[0]
 
     def commits(self, revs: list[str], limit: int | None = None, no_walk: bool = False) -> list[Commit]:
         """Commits reachable from ``revs``, newest first (``git log`` order by date)."""

@@ -173,6 +173,19 @@ def test_reading_a_corrupt_object_fails_with_exit_4(pulled, run_snapver) -> None
     assert undamaged.code == 0 and undamaged.out == "port = 30000\n", str(undamaged)
 
 
+@pytest.mark.parametrize("kind", ["blob", "tree"])
+def test_a_tag_naming_a_blob_or_a_tree_is_a_store_error(pulled, run_snapver, kind: str) -> None:
+    """A tag ref pointing at something that is not a commit (damage, or a hand-made ref):
+    exit 4 naming it, never an internal error (tag --list: KeyError, show: IndexError)."""
+    target = git(pulled, "rev-parse", f"refs/heads/nodes/n1:{VICTIM}" if kind == "blob" else
+                 f"refs/heads/nodes/n1:{SRT}").decode().strip()
+    git(pulled, "update-ref", "refs/tags/odd", target)
+    for args in (("tag", "--list"), ("show", "odd"), ("diff", "-q", "odd", "n1")):
+        result = run_snapver(*args)
+        assert result.code == 4, (args, str(result))
+        assert "internal error" not in result.err and "not a commit" in result.err and "fsck" in result.err, args
+
+
 def test_fsck_changes_nothing(pulled, run_snapver) -> None:
     before = all_refs(pulled)
     flip_byte_in_pack(pulled)
