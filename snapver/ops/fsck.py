@@ -16,6 +16,7 @@ import blake3
 
 from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id
+from snapver.store.gc import compaction_paused
 from snapver.store.pack import GIT_TEMP_PREFIXES
 from snapver.store.repo import Commit, GitStream, Store, blob_oid, run_git
 
@@ -49,6 +50,11 @@ def fsck(store: Store) -> FsckResult:
     Every git process it starts is bounded in time (``SNAPVER_GIT_TIMEOUT``): one that
     hangs on the damage it meets ends the check with a GitTimeoutError (exit 4).
     """
+    with compaction_paused(store.path):
+        return _fsck(store)
+
+
+def _fsck(store: Store) -> FsckResult:
     result = FsckResult()
     _git_fsck(store, result)
     tips = _check_refs(store, result)

@@ -15,8 +15,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from snapver.errors import StoreError
 from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
@@ -122,6 +125,33 @@ def _pack_big_loose(store_path: Path) -> int:
             path.unlink(missing_ok=True)
             moved += 1
     return moved
+
+
+@contextmanager
+def compaction_paused(store_path: Path, wait: float = 300.0) -> Iterator[None]:
+    """No compaction runs meanwhile: one running is waited for (at most ``wait`` seconds:
+    then a StoreError), none starts (``compact`` skips when the lock is held). A repack
+    deletes the packs it replaced as it ends, under a reader that had them open (fsck
+    called such a store damaged). A store this process cannot write has no compaction."""
+    try:
+        fd = os.open(store_path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"a compaction of the store has run for over {wait:g} s",
+                                     hint="try again when it has ended (`snapver/compact.lock` is held)") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
 
 
 def compact(store_path: Path) -> int:

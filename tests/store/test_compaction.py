@@ -109,3 +109,29 @@ def test_a_streamed_big_blob_compacts_in_bounded_memory(tmp_path: Path) -> None:
     for chunk in store.blob_chunks(oid):
         read_back.update(chunk)
     assert read_back.digest() == hashlib.sha256(piece * pieces).digest()
+
+
+def test_fsck_waits_for_a_running_compaction_and_none_starts_during_it(tmp_path: Path) -> None:
+    """A repack deletes the packs it replaced as it ends, under an fsck that had them open:
+    fsck called a sound store damaged (`packfile ... index not opened`, exit 4). A second
+    process holding the compaction lock (as a running repack does) holds fsck back until it
+    lets go; while fsck runs, a compaction does not start."""
+    from snapver.ops.fsck import fsck
+
+    store = Store.create(tmp_path / "store")
+    with store.importer() as importer:
+        importer.add_blob(b"x = 1\n")
+    lock = store.path / gc.LOCK
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(1.5)\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    assert fsck(store).ok
+    assert time.monotonic() - started >= 1.0  # it waited for the "compaction" to end
+    assert holder.wait(timeout=10) == 0
+    with gc.compaction_paused(store.path):
+        assert gc.compact(store.path) == 0  # skipped: the lock is held
+        assert gc.record_raw_bytes(store.path, 0) > 0  # ...so nothing was compacted
