@@ -81,7 +81,7 @@ def nodes(
     columns = ("node", "address") + (("reachable", "python", "site-packages", "version")
                                       if check else ("site-packages",))
     rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
-             escape(c.python), escape(c.site_packages) or escape(c.error), escape(c.dists)) if check else
+             escape(c.python) or "?", escape(c.site_packages) or "?", escape(c.dists) or "?") if check else
             (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]
     out = console()
     print_table(out, columns, rows)

@@ -26,16 +26,22 @@ class NodeCheck:
 
 
 def check_node(spec: NodeSpec) -> NodeCheck:
+    """Reach the node, start its agent, list its tracked paths; each found fact is reported
+    even when a later step fails (a node that answers is reachable, its python missing or not)."""
+    transport = None
+    found: dict[str, str] = {"site_packages": spec.site_packages or ""}
     try:
         transport = open_transport(spec)
         with transport:
             info = transport.info
             assert info is not None
+            found = {"python": f"{info.python_version} ({info.python})", "site_packages": info.site_packages,
+                     "dists": info.dist_summary()}
             transport.list_tree(want_oids=False)  # the tracked paths exist and are readable
-            return NodeCheck(spec.name, spec.address, True, f"{info.python_version} ({info.python})",
-                             info.site_packages, info.dist_summary())
+            return NodeCheck(spec.name, spec.address, True, **found)
     except SnapverError as exc:
-        return NodeCheck(spec.name, spec.address, False, error=str(exc), exit_code=exc.exit_code)
+        reached = transport is not None and transport.reached
+        return NodeCheck(spec.name, spec.address, reached, **found, error=str(exc), exit_code=exc.exit_code)
 
 
 def list_nodes(config: Config, check: bool = False) -> list[NodeCheck]:

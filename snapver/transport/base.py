@@ -263,6 +263,9 @@ class Transport(ABC):
         self.bytes_received = 0
         self.bytes_sent = 0
         self._channel: RawChannel | None = None
+        # The node answered (an SSH login, or a folder of this machine), whatever its agent
+        # did next: a python that is not there is not an unreachable node.
+        self.reached = spec.local
 
     # -- what a concrete transport provides -------------------------------------
     @abstractmethod

@@ -365,6 +365,7 @@ class SshTransport(Transport):
 
     def _start(self, command: str) -> RawChannel:
         self._connection = self._connect()
+        self.reached = True
         try:
             channel = self._connection.transport.open_session(window_size=WINDOW_SIZE,
                                                               max_packet_size=MAX_PACKET)

@@ -148,18 +148,23 @@ def test_nodes_check_reaches_every_node(fleet, ssh_node, local_node, write_confi
     assert "yes" in ct200 and "sglang 0.5.23" in ct200 and str(fleet["ct200"]) in ct200
     assert re.search(r"3\.\d+\.\d+", ct200)
 
+    # A node that answers is reachable, whatever fails after: its python missing, its
+    # site-packages missing (they were called unreachable, the error in the site-packages column).
     write_config({"ct200": ssh_node("ct200", fleet["ct200"]),
                   "dead": ssh_node("fleet00", fleet["ct200"], port=closed_port()),
+                  "nopython": ssh_node("ct129", fleet["ct200"], python=str(tmp_path / "no-python")),
                   "nosite": local_node(tmp_path / "no-such-site")})
     result = run_snapver("nodes", "--check")
     assert result.code == 3, str(result)
     assert "Traceback" not in result.err
-    assert "dead" in result.err and str(tmp_path / "no-such-site") in result.err
-    rows = {line.split()[0]: line for line in result.out.splitlines() if line.strip()}
-    assert "yes" in rows["ct200"] and " no " in rows["dead"] + " " and " no " in rows["nosite"] + " "
+    assert "dead" in result.err and str(tmp_path / "no-such-site") in result.err and "no-python" in result.err
+    rows = {line.split()[0]: line.split() for line in result.out.splitlines() if line.strip()}
+    assert rows["ct200"][2] == "yes" and rows["dead"][2] == "no"
+    assert rows["nopython"][2:5] == ["yes", "?", str(fleet["ct200"])], rows["nopython"]
+    assert rows["nosite"][2:5] == ["yes", "?", str(tmp_path / "no-such-site")], rows["nosite"]
     document = json.loads(run_snapver("nodes", "--check", "--json").out)
     assert {n["node"]: n["reachable"] for n in document["nodes"]} == {"ct200": True, "dead": False,
-                                                                     "nosite": False}
+                                                                     "nopython": True, "nosite": True}
 
 
 def closed_port() -> int:
