@@ -355,7 +355,8 @@ class Store:
         """Run one git plumbing command in the store; a failure (or a timeout) is a StoreError."""
         result = run_git(self.path, *args, input=input)
         if result.returncode != 0:
-            raise StoreError(f"git {args[0]} failed: {last_line(result.stderr, str(result.returncode))}")
+            raise StoreError(f"git {args[0]} failed: {last_line(result.stderr, str(result.returncode))}",
+                             hint="`snapver fsck` checks the store")
         return result.stdout
 
     def note_present(self, oids: Iterable[str]) -> None:

@@ -146,6 +146,9 @@ def test_dangling_ref_is_found_and_named(pulled, run_snapver, ref: str) -> None:
     problems = fsck_problems(run_snapver)
     ours = [p for p in problems if not p.startswith("problem: git fsck:")]
     assert any(ref in p and missing[:10] in p and "dangling" in p for p in ours), problems
+    listed = run_snapver("log")  # git's own failure, as every error: one line and a hint
+    lines = listed.err.strip().splitlines()
+    assert listed.code == 4 and len(lines) == 2 and lines[1].startswith("hint: ") and "fsck" in lines[1], str(listed)
 
 
 def test_every_problem_is_reported_in_one_run(pulled, run_snapver, small_site) -> None:
