@@ -29,8 +29,8 @@ from snapver.model import Entry, Manifest, StatEntry
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
-from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message
-from snapver.store.team import moment_ns, writer_of
+from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message, run_git
+from snapver.store.team import TeamView, moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
 
@@ -59,7 +59,8 @@ class NodePull:
     # working state, not reported
     transport: Transport | None = field(default=None, repr=False)
     listing: Listing | None = field(default=None, repr=False)
-    parent: str | None = field(default=None, repr=False)
+    parent: str | None = field(default=None, repr=False)  # the node's newest snapshot by any writer
+    own: str | None = field(default=None, repr=False)  # this store's branch head of the node
     parent_manifest: Manifest | None = field(default=None, repr=False)
     prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
     cache_time: int = field(default=0, repr=False)  # of the stat cache the listing used
@@ -252,7 +253,7 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
     if store is None or checksum:
         return transport.request_listing()
     node = transport.spec.name
-    head = store.ref(refs.node_ref(node))
+    head = newest_heads(store)[1].get(refs.node_ref(node))
     keys, cache_time = load_stat_keys(store, node, head)
     if keys is not None:
         return transport.request_listing(cache_time_ns=cache_time, cache_keys=keys)
@@ -307,6 +308,21 @@ def _write_stat_keys(path: Path, header: dict[str, Any], data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def newest_heads(store: Store) -> tuple[dict[str, str], dict[str, str]]:
+    """This store's branch heads (``Store.heads("refs/heads/")``), and each node's newest
+    snapshot by any writer (``{node ref: commit}``, what ``NODE@latest`` names), from one git.
+
+    A pull compares a node with its newest snapshot, a teammate's too (synced here): the
+    same tree is no new snapshot, and what a teammate recorded is not fetched again. In a
+    store that never synced, both are its own heads."""
+    every = store.heads("refs/")
+    own = {name: commit for name, commit in every.items() if name.startswith("refs/heads/")}
+    if not any(name.startswith(refs.TEAM) for name in every):
+        return own, own
+    view = TeamView(store, {name[len("refs/"):]: commit for name, commit in every.items()})
+    return own, {refs.node_ref(node): commit for node, commit in view.merged(refs.NODES).items()}
+
+
 def pull(store: Store, specs: list[NodeSpec], tag: str | None = None, message: str = "",
          on_plan: Callable[[int, int], None] | None = None, on_progress: ProgressFn | None = None,
          on_node_done: Callable[[NodePull], None] | None = None, starting: Starting | None = None) -> PullResult:
@@ -342,8 +358,10 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
     # Into an empty store, the first node of a group to start up is such a node: it lists
     # without hashing and streams everything at once, while the others start up and hash;
     # they then send only what it did not have.
-    heads = store.heads("refs/heads/")  # each node's last snapshot: one git, not one per node
-    empty = not heads
+    heads, newest = newest_heads(store)  # each node's last snapshot: one git, not one per node
+    for result in results:
+        result.own = heads.get(refs.node_ref(result.node))
+    empty = not heads and not newest
     hash_on_node = len(specs) > 1 or not empty
     first = _First() if empty and len(specs) > 1 else None
     closed: set[str] = set()
@@ -361,7 +379,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 digests: dict[str, str] = dict(known_digests or {})
 
                 def list_node(spec: NodeSpec, result: NodePull) -> None:
-                    _list_node(store, spec, result, hash_on_node, heads, first, starting)
+                    _list_node(store, spec, result, hash_on_node, newest, first, starting)
                     if first is not None and first.node == result.node and result.ok:
                         assert result.listing is not None
                         if on_plan:
@@ -479,7 +497,7 @@ class _First:
 
 def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: bool, heads: dict[str, str],
                first: _First | None = None, starting: Starting | None = None) -> None:
-    """Connect and list; ``heads``: every node's last snapshot (``Store.heads``), this one's the parent."""
+    """Connect and list; ``heads``: every node's newest snapshot (``newest_heads``), this one's the parent."""
     result.started = time.monotonic()
     try:
         result.parent = heads.get(refs.node_ref(spec.name))
@@ -681,10 +699,21 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).
     record = result.record = snapshot_record(store, result.transport, result.parent, records)
+    also: tuple[str, ...] = ()
+    ref_at = None
+    if result.own != result.parent:
+        # A teammate's snapshot is the newest: the new one's first parent (what it changes
+        # from); this store's branch moves forward from its own head, kept as a second
+        # parent unless the first contains it already.
+        ref_at = result.own or ZERO_OID
+        if result.own and run_git(store.path, "merge-base", "--is-ancestor", result.own,
+                                  result.parent or result.own).returncode != 0:
+            also = (result.own,)
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
                            format_message(subject, meta, message), now,
                            extra_files={RECORD_PATH: record.data} if record and record.data is not None else None,
-                           stored_files={RECORD_PATH: record.oid} if record and record.oid else None)
+                           stored_files={RECORD_PATH: record.oid} if record and record.oid else None,
+                           also_parents=also, ref_at=ref_at)
 
 
 def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:

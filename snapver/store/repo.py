@@ -644,7 +644,7 @@ class Importer:
         except OSError as exc:
             raise unwritable_store(store.path, exc) from exc
         self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...],
-                                  dict[str, str]]] = []
+                                  dict[str, str], str | None]] = []
         self._loose: list[LooseBlob] = []  # large blobs, placed when the session finishes
         self.results: dict[int, str] = {}
         self._broken: StoreError | None = None
@@ -703,17 +703,18 @@ class Importer:
 
     def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
                when: datetime, extra_files: dict[str, bytes] | None = None, also_parents: tuple[str, ...] = (),
-               stored_files: dict[str, str] | None = None) -> int:
+               stored_files: dict[str, str] | None = None, ref_at: str | None = None) -> int:
         """Queue a commit on ``ref`` whose tree is exactly ``manifest`` (plus its text).
 
         ``extra_files``: further files by content; ``stored_files``: by the id of a blob
         the store has. ``also_parents``: further parents after ``parent`` (a rebased patch
-        keeps its previous version reachable this way). Returns a mark; ``finish`` maps
-        it to the commit id.
+        keeps its previous version reachable this way). ``ref_at``: where ``ref`` is
+        expected now when that is not ``parent`` (ZERO_OID: no ref yet), e.g. one of
+        ``also_parents``. Returns a mark; ``finish`` maps it to the commit id.
         """
         with self._lock:
             self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {}), tuple(also_parents),
-                                  dict(stored_files or {})))
+                                  dict(stored_files or {}), ref_at))
             return len(self._commits)
 
     def finish(self) -> dict[int, str]:
@@ -753,7 +754,7 @@ class Importer:
     def _commit_objects(self) -> tuple[dict[str, tuple[str, str | None]], list[tuple[str, int, bytes]]]:
         """Every queued commit with the trees and manifest blobs it needs.
 
-        Returns ``{ref: (commit, parent)}`` and the objects this session has not written
+        Returns ``{ref: (commit, where the ref is expected)}`` and the objects this session has not written
         yet, as (id, type, content). StoreError (nothing is visible yet) if a commit would
         name a blob or parent the store does not have.
         """
@@ -762,7 +763,7 @@ class Importer:
         roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
         serialized: dict[int, bytes] = {}  # by id(): identical nodes' commits share one Manifest
         moves: dict[str, tuple[str, str | None]] = {}
-        for mark, (ref, parent, manifest, message, when, files, also, stored) in enumerate(self._commits, 1):
+        for mark, (ref, parent, manifest, message, when, files, also, stored, ref_at) in enumerate(self._commits, 1):
             if id(manifest) not in serialized:
                 serialized[id(manifest)] = manifest.serialize()
             files = {**files, MANIFEST_PATH: serialized[id(manifest)]}
@@ -795,7 +796,7 @@ class Importer:
             commit = object_id(COMMIT_TYPE, body).hex()
             objects[commit] = (COMMIT_TYPE, body)
             self.results[mark] = commit
-            moves[ref] = (commit, parent)
+            moves[ref] = (commit, ref_at or parent)
         with self._lock:
             needed -= self._written | objects.keys()
             # Trees already in the store are written again (git keeps either copy; compaction
@@ -810,7 +811,8 @@ class Importer:
     def _move_refs(self, moves: dict[str, tuple[str, str | None]]) -> None:
         """Move every ref to its new commit at once (all or none).
 
-        Each ref is expected at its commit's parent (absent for a root commit). One that
+        Each ref is expected at its commit's parent (absent for a root commit), or where
+        ``commit(ref_at=...)`` said. One that
         is elsewhere (a scratch ref, a ref moved outside snapver) moves only forward, as
         ``git fast-import`` would move it.
         """

@@ -133,14 +133,16 @@ def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
 
 
 def _interleave(commits: list[Commit]) -> list[Commit]:
-    """A team's snapshots newest first, ties of one second broken as ``NODE@latest`` breaks them
-    (the higher writer id first), each writer's own order kept (git's, which is topological)."""
+    """A team's snapshots newest first as ``NODE@latest`` orders them (by ``commit_moment``, ties
+    the higher writer id first), each writer's own order kept (git's, which is topological).
+    By whole seconds, a writer's older snapshot came before another's newer one of the same
+    second, so ``NODE~1`` was not the snapshot a pull had just compared with."""
     by_writer: dict[str, list[Commit]] = {}
     for commit in commits:
         by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
     # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
     return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
-                            key=lambda commit: -commit.time.timestamp()))
+                            key=lambda commit: -commit_moment(commit)))
 
 
 # -- reading: every writer merged ---------------------------------------------------------

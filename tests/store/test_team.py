@@ -329,3 +329,62 @@ def test_sync_over_ssh_and_the_bad_remotes(tmp_path: Path, two_nodes: dict[str, 
     with store_lock(alice.parent / "snapshots"):
         os.environ["SNAPVER_LOCK_WAIT"] = "0.2"
         one_error(snap(alice, "sync"), 4, "locked")
+
+
+def test_a_pull_compares_with_the_newest_snapshot_of_the_node_by_any_writer(tmp_path: Path,
+                                                                          two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    ct200, ct129 = (Path(two_nodes[node]["site_packages"]) for node in ("ct200", "ct129"))
+
+    def pulled(config: Path, node: str) -> dict[str, Any]:
+        return json.loads(ok(config, "pull", node, "--json").out)["nodes"][0]
+
+    def parents(config: Path, commit: str) -> list[str]:
+        return git_rev(config, f"{commit}^@").split() if git_rev(config, f"{commit}^@") else []
+
+    ok(alice, "pull", "ct200", "ct129")
+    ok(bob, "pull", "ct200")  # the same tree, before bob ever synced: his own root snapshot
+    ok(alice, "sync")
+    ok(bob, "sync")
+    bob_first = own_head(bob, "ct200")
+    # ct200 changes; alice's snapshot of it is the newest, and the live tree is as it says.
+    (ct200 / f"{SRT}/server_args.py").write_text("port = 30001\n")
+    alices = pulled(alice, "ct200")["snapshot"]
+    ok(alice, "sync")
+    ok(bob, "sync")
+    assert snap(bob, "diff", "-q", "ct200").code == 0
+    # Bob's pull: unchanged since alice's snapshot; nothing recorded, his branch stays.
+    again = pulled(bob, "ct200")
+    assert again["snapshot"] is None and again["unchanged_since"] == alices and again["fetched_files"] == 0, again
+    assert ok(bob, "pull", "ct200").out.startswith(f"ct200: unchanged since {alices[:10]}")
+    assert own_head(bob, "ct200") == bob_first
+    # Changed again: one file changed from alice's snapshot, which is the new one's first
+    # parent; bob's own head its second (his branch only moves forward).
+    (ct200 / f"{SRT}/server_args.py").write_text("port = 30002\n")
+    bobs = pulled(bob, "ct200")
+    assert bobs["changed"] == 1 and bobs["fetched_files"] == 1, bobs
+    assert own_head(bob, "ct200") == bobs["snapshot"] and parents(bob, bobs["snapshot"]) == [alices, bob_first]
+    # The log lists every snapshot once, newest first; ~N counts in it.
+    log = ok(bob, "log", "ct200").out.splitlines()
+    assert [line[:10] for line in log[:2]] == [bobs["snapshot"][:10], alices[:10]] and len(log) == 4, log
+    assert "1 changed" in log[0] and "by bob@lab" in log[0], log
+    assert json.loads(ok(bob, "show", "ct200~1", "--json").out)["id"] == alices
+    assert json.loads(ok(bob, "show", "ct200~2", "--json").out)["id"] == bob_first
+
+    # Bob's first pull of ct129, which alice pulled: not a root commit, nothing sent twice.
+    assert pulled(bob, "ct129")["unchanged_since"] == git_rev(alice, "refs/heads/nodes/ct129")
+    (ct129 / f"{SRT}/server_args.py").write_text("port = 30003\n")
+    first = pulled(bob, "ct129")
+    assert first["changed"] == 1 and first["fetched_files"] == 1, first
+    assert first["fetched_bytes"] == len("port = 30003\n"), first
+    assert parents(bob, first["snapshot"]) == [git_rev(alice, "refs/heads/nodes/ct129")]
+
+    # Alice, synced, finds both nodes as bob's snapshots say.
+    ok(bob, "sync")
+    ok(alice, "sync")
+    for node, commit in (("ct200", bobs["snapshot"]), ("ct129", first["snapshot"])):
+        assert pulled(alice, node)["unchanged_since"] == commit
+    assert ok(alice, "log").out == ok(bob, "log").out
+    fsck(remote)
