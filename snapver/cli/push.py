@@ -110,7 +110,7 @@ def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> boo
         if interrupt.requested():
             return False
     if not yes and sys.stdin.isatty():
-        return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False)
+        return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False, err=True)
     return True
 
 
@@ -155,7 +155,7 @@ def confirm(yes: bool, question: str) -> bool:
         return True
     if not sys.stdin.isatty():
         raise UsageError("refusing to write without a terminal to confirm on", hint="pass --yes")
-    return typer.confirm(question, default=False)
+    return typer.confirm(question, default=False, err=True)  # stdout may be a --json document
 
 
 @app.command()

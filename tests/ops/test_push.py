@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -570,9 +571,10 @@ def test_terminal_confirmation(make_site_packages, write_config, local_node, iso
     config = write_config({"n1": local_node(site)})
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
-    def run_on_terminal(*args: str, answer: bytes) -> tuple[int, bytes]:
+    def run_on_terminal(*args: str, answer: bytes, stdout: Any = None) -> tuple[int, bytes]:
         leader, follower = pty.openpty()
-        process = subprocess.Popen([sys.executable, "-m", "snapver", *args], stdin=follower, stdout=follower,
+        process = subprocess.Popen([sys.executable, "-m", "snapver", *args], stdin=follower,
+                                   stdout=follower if stdout is None else stdout,
                                    stderr=follower, env=env, cwd=isolated_env)
         os.close(follower)
         output = b""
@@ -610,3 +612,10 @@ def test_terminal_confirmation(make_site_packages, write_config, local_node, iso
     code, output = run_on_terminal("push", "p", answer=b"y\n")
     assert code == 0, output
     assert (site / "sglang/srt/a.py").read_text() == "a = 2\n"
+    # With --json the question goes to the terminal (stderr), the document alone to stdout
+    # (the question was written into it, ahead of the JSON, unseen).
+    with open(isolated_env / "rollback.json", "wb") as document:
+        code, output = run_on_terminal("rollback", "n1", "--json", answer=b"y\n", stdout=document)
+    assert code == 0 and b"[y/N]" in output, output
+    assert json.loads((isolated_env / "rollback.json").read_text())["exit_code"] == 0
+    assert (site / "sglang/srt/a.py").read_text() == "a = 1\n"
