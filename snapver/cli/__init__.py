@@ -87,6 +87,19 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+def _open_closed_standard_streams() -> None:
+    """A standard stream closed by the caller (`snapver log >&-`) becomes /dev/null: Python
+    left it None (a traceback at the first print), and the next file opened would have taken
+    its descriptor (the store's lock file as stdout)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            if os.open(os.devnull, os.O_RDWR) != fd:  # the lowest free descriptor: this one
+                continue
+            setattr(sys, name, open(fd, mode, encoding="utf-8", errors="surrogateescape", closefd=False))
+
+
 def run() -> None:
     """The ``snapver`` program: ``main``, then leave without the interpreter's teardown.
 
@@ -101,6 +114,7 @@ def run() -> None:
     of a one-node pull, 200-280 ms of a 16-node pull, 460 ms of a 16-node re-pull.
     """
     gc.disable()
+    _open_closed_standard_streams()
     _keep_freed_memory()
     interrupt.install()
     try:

@@ -455,6 +455,20 @@ def test_a_reader_that_goes_away_ends_a_read_only_command_quietly(make_site_pack
         assert done.returncode == 0 and done.stderr == b"", (command, colour, done)
 
 
+def test_a_closed_standard_stream_is_no_traceback(make_site_packages, local_node, write_config, run_snapver) -> None:
+    """`snapver log >&-`: Python leaves sys.stdout None (an AttributeError and a traceback,
+    exit 1); `diff nosuch 2>&-` exited 1, not 2. A closed stream is /dev/null now."""
+    site = make_site_packages("n", files={"sglang/srt/a.py": "a = 1\n"})
+    write_config({"n": local_node(site)})
+    assert run_snapver("pull", "n").code == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    python = sys.executable
+    for line, code in ((f"{python} -m snapver log -n 1 >&-", 0), (f"{python} -m snapver diff nosuch 2>&-", 2),
+                       (f"{python} -m snapver log -n 1 <&-", 0)):
+        done = subprocess.run(["bash", "-c", line], capture_output=True, env=env, timeout=60)
+        assert done.returncode == code and b"Traceback" not in done.stderr, (line, done)
+
+
 def test_init_makes_the_config_named_by_flag_or_environment(run_snapver, tmp_path) -> None:
     """`--config FILE init` writes FILE (not `.snapver` here) and the store FILE names, with
     the writer asked for; on an existing FILE it keeps it and sets that store's writer.
