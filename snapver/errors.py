@@ -77,3 +77,21 @@ class GitTimeoutError(StoreError):
 
 class RemoteError(TransportError):
     """The team remote (`[store] remote`) that cannot be reached, refused a push, or is no snapver store."""
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset);
+    anything else than a number ≥ 0 is a usage error (exit 2), never an internal one."""
+    import math
+    import os
+
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise UsageError(f"{name}={text!r}: expected a number of seconds", hint=f"unset {name}, or give e.g. 10")
+    return seconds

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from snapver.errors import StoreError, StoreLockedError
+from snapver.errors import StoreError, StoreLockedError, env_seconds
 
 LOCK_NAME = "snapver.lock"
 DEFAULT_WAIT = 5.0
@@ -24,7 +24,7 @@ def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
     leaves a stale lock behind; the holder's pid is written only to name it in errors.
     """
     if wait is None:
-        wait = float(os.environ.get("SNAPVER_LOCK_WAIT", DEFAULT_WAIT))
+        wait = env_seconds("SNAPVER_LOCK_WAIT", DEFAULT_WAIT)
     path = store_path / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

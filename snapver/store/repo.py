@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Generator, Iterable, Iterator, Sequence
 
-from snapver.errors import GitTimeoutError, StoreError
+from snapver.errors import GitTimeoutError, StoreError, env_seconds
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
@@ -55,10 +55,7 @@ GIT_HANG_HINT = ("a file in the store that git cannot read to its end (damage: s
 
 def git_timeout() -> float:
     """Seconds a git child process is given (``SNAPVER_GIT_TIMEOUT``, default 300)."""
-    try:
-        seconds = float(os.environ.get("SNAPVER_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_GIT_TIMEOUT
+    seconds = env_seconds("SNAPVER_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT)
     return seconds if seconds > 0 else DEFAULT_GIT_TIMEOUT
 
 

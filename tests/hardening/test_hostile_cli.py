@@ -87,3 +87,17 @@ def test_refs_that_look_like_options_are_refused(small_site, local_node, write_c
         assert "a ref cannot start with '-'" in run_snapver(*args).err, args
     assert all_refs(store) == before
     assert not (Path.cwd() / ".snapver-patches").exists()
+
+
+@pytest.mark.parametrize("name", ["SNAPVER_LOCK_WAIT", "SNAPVER_GIT_TIMEOUT"])
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
+def test_timeouts_from_the_environment_are_numbers_or_a_usage_error(small_site, local_node, write_config, run_snapver,
+                                                                     name: str, value: str) -> None:
+    """SNAPVER_LOCK_WAIT=abc was an internal error (ValueError), exit 1; SNAPVER_GIT_TIMEOUT=abc
+    was silently the default. Both: one line naming the variable, a hint, exit 2, nothing written."""
+    write_config({"n1": local_node(small_site)})
+    result = run_snapver("pull", "n1", env={name: value})
+    assert result.code == 2 and f"{name}={value!r}: expected a number of seconds" in result.err, str(result)
+    assert "internal error" not in result.err and "hint:" in result.err
+    listed = run_snapver("log")  # nothing recorded
+    assert listed.code == 4 or "no snapshots" in listed.out + listed.err, str(listed)
