@@ -237,8 +237,8 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     for name, table in _table(data, "nodes", fail).items():
         if not isinstance(table, dict):
             raise fail(f"nodes.{name}", "expected a table")
-        if not _valid_name(name):
-            raise fail(f"nodes.{name}", "a node name is letters, digits, '.', '_' or '-'")
+        if not valid_node_name(name):
+            raise fail(f"nodes.{name}", "a node name is letters, digits, '.', '_' or '-' (at most 100)")
         prefix = f"nodes.{name}."
         _check_keys(table, set(_NODE_KEYS), prefix, fail)
         _check_types(table, prefix, fail)
@@ -248,8 +248,8 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     groups: dict[str, tuple[str, ...]] = {}
     for name, members in _table(data, "groups", fail).items():
         key = f"groups.{name}"
-        if not _valid_name(name):
-            raise fail(key, "a group name is letters, digits, '.', '_' or '-'")
+        if not valid_node_name(name):
+            raise fail(key, "a group name is letters, digits, '.', '_' or '-' (at most 100)")
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members) or not members:
             raise fail(key, "expected a non-empty list of node names")
         if name in nodes:
@@ -370,8 +370,12 @@ def url_problem(url: str) -> str:
     return ""
 
 
-def _valid_name(name: str) -> bool:
-    return bool(name) and all(ch.isalnum() or ch in "._-" for ch in name) and not name.startswith((".", "-"))
+NAME_LIMIT = 100  # as tag and patch names (store/refs.py MAX_NAME_LENGTH): a ref file's name
+
+
+def valid_node_name(name: str) -> bool:
+    return (bool(name) and len(name) <= NAME_LIMIT and all(ch.isalnum() or ch in "._-" for ch in name)
+            and not name.startswith((".", "-")))
 
 
 def _table(data: dict[str, Any], key: str, fail: Any) -> dict[str, Any]:

@@ -225,6 +225,7 @@ BAD_CONFIGS = [
     ("group-not-list", {"n": _node()}, {"tp8": "n"}, None, "groups.tp8", "list"),
     ("group-named-like-node", {"n": _node()}, {"n": ["n"]}, None, "groups.n", "share"),
     ("bad-node-name", {"a b": _node()}, None, None, "nodes.a b", "node name"),
+    ("long-node-name", {"n" * 101: _node()}, None, None, "nodes." + "n" * 101, "at most 100"),
 ]
 
 

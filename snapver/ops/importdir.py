@@ -25,7 +25,7 @@ from typing import Any
 
 import blake3
 
-from snapver.config import Config
+from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, UsageError
 from snapver.model import Entry, Manifest
 from snapver.ops.pull import count_changes
@@ -90,8 +90,9 @@ def _check_node_name(config: Config, node: str) -> None:
         return
     if node in config.groups:
         raise UsageError(f"{node!r} is a group; an import is a snapshot of one node")
-    if not (refs.valid_ref_name(node) and all(ch.isalnum() or ch in "._-" for ch in node)):
-        raise UsageError(f"invalid node name {node!r}", hint="letters, digits, '.', '_' or '-'")
+    if not (refs.valid_ref_name(node) and valid_node_name(node)):
+        shown = node if len(node) <= 60 else node[:60] + "…"
+        raise UsageError(f"invalid node name {shown!r}", hint="letters, digits, '.', '_' or '-', at most 100")
 
 
 def import_folder(store: Store, config: Config, folder_text: str, node: str, date: str | None = None,

@@ -194,6 +194,7 @@ def test_bad_input_exits_2_and_writes_nothing(story: dict, tmp_path: Path) -> No
         (("./missing", "--node", "ct200"), "no such folder: ./missing"),
         ((str(tmp_path / "nothing-tracked"), "--node", "ct200"), "holds none of the tracked paths"),
         ((folder, "--node", "bad name"), "invalid node name 'bad name'"),
+        ((folder, "--node", "b" * 300), "invalid node name 'bbbbb"),  # was a store error (exit 4): git's ref
         ((folder, "--node", "ct200", "--date", "2026-05-22", "--tag", "taken"), "tag 'taken' already names"),
     ]
     for args, message in cases:
