@@ -7,6 +7,8 @@ class SnapverError(Exception):
     """Base of every error snapver reports; ``exit_code`` is what the process exits with."""
 
     exit_code = 1
+    # Said when the raiser gave no hint of its own (SPEC: every error one line and a hint).
+    default_hint: str | None = None
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -21,6 +23,7 @@ class UsageError(SnapverError):
     """Bad arguments on the command line."""
 
     exit_code = 2
+    default_hint = "see `snapver COMMAND --help`"
 
 
 class ConfigError(UsageError):
@@ -45,6 +48,7 @@ class TransportError(SnapverError):
     """A node that cannot be reached, or a command that failed on it."""
 
     exit_code = 3
+    default_hint = "`snapver nodes --check` says what answers on each node"
 
 
 class HostKeyError(TransportError):
@@ -53,6 +57,8 @@ class HostKeyError(TransportError):
 
 class RemotePathError(TransportError):
     """A remote path that is missing or not readable."""
+
+    default_hint = "check the node's site_packages (or python) and paths in .snapver; `snapver nodes --check`"
 
 
 class Cancelled(SnapverError):
@@ -65,6 +71,7 @@ class StoreError(SnapverError):
     """The store is locked, corrupt, or cannot be written."""
 
     exit_code = 4
+    default_hint = "`snapver fsck` checks the store"
 
 
 class StoreLockedError(StoreError):
@@ -77,6 +84,8 @@ class GitTimeoutError(StoreError):
 
 class RemoteError(TransportError):
     """The team remote (`[store] remote`) that cannot be reached, refused a push, or is no snapver store."""
+
+    default_hint = "check [store] remote in .snapver"
 
 
 def env_seconds(name: str, default: float) -> float:

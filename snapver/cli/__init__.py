@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> None:
         if STATE.verbose:
             traceback.print_exc()
         print(f"snapver: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+        hint = exc.hint or exc.default_hint
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Abort:  # click turns a KeyboardInterrupt (or end of input) at a prompt into Abort
         if sys.stderr.isatty():  # the cursor is still on the prompt's line: leave it first

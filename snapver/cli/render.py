@@ -319,8 +319,9 @@ def print_error(error: Any) -> None:
     """A SnapverError met by one node of many, as `main` prints a fatal one: the line, then its hint."""
     err = console(stderr=True)
     err.print(f"snapver: error: {escape(error.message)}")
-    if error.hint:
-        err.print(f"hint: {escape(error.hint)}")
+    hint = error.hint or getattr(error, "default_hint", None)
+    if hint:
+        err.print(f"hint: {escape(hint)}")
 
 
 # -- the pager -------------------------------------------------------------------------------

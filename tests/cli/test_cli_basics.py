@@ -165,6 +165,11 @@ def test_nodes_check_reaches_every_node(fleet, ssh_node, local_node, write_confi
     document = json.loads(run_snapver("nodes", "--check", "--json").out)
     assert {n["node"]: n["reachable"] for n in document["nodes"]} == {"ct200": True, "dead": False,
                                                                      "nopython": True, "nosite": True}
+    # Every error is one line and a hint (SPEC), a node's too: they came without one.
+    for node, words in (("dead", "nodes --check"), ("nosite", "site_packages")):
+        lines = run_snapver("pull", node).err.strip().splitlines()
+        assert len(lines) == 2 and lines[0].startswith("snapver: error: ") and lines[1].startswith("hint: "), lines
+        assert words in lines[1], lines
 
 
 def closed_port() -> int:
