@@ -35,6 +35,9 @@ def _stdout_closed() -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, print errors as one line, exit with their code."""
+    arguments = sys.argv[1:] if argv is None else argv
+    if "--no-color" in arguments[:arguments.index("--") if "--" in arguments else None]:
+        os.environ["NO_COLOR"] = "1"  # also for what prints before our options are read (--help)
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)

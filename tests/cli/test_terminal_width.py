@@ -84,3 +84,14 @@ def test_at_200_columns_or_wide_every_cell_is_whole(fleet, run_snapver) -> None:
     # Off a terminal nothing changes: one line each, whole.
     piped = run_snapver("nodes", "--check")
     assert fleet["ct200"] in piped.out and "…" not in piped.out, piped
+
+
+def test_no_color_takes_the_colour_out_of_help_too(tmp_path: Path) -> None:
+    """`snapver --no-color --help` on a terminal printed typer's coloured help (yellow, cyan,
+    green): the option is read after the help is made. Styles (bold, dim) are no colour."""
+    colour = re.compile(r"\x1b\[[0-9;]*?(?:3[0-7]|9[0-7]|38;[0-9;]+)m")
+    coloured = run_in_terminal("--help", cwd=tmp_path)
+    assert coloured.code == 0 and colour.search(coloured.text), "help is coloured on a terminal"
+    for args in (("--no-color", "--help"),):
+        plain = run_in_terminal(*args, cwd=tmp_path)
+        assert plain.code == 0 and "Usage" in plain.text and not colour.search(plain.text), args
