@@ -169,7 +169,8 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
     config = STATE.config()
     patches = list_patches(STATE.store(config))
     if json_out:
-        emit_json({"patches": [{**p.to_json(), "files": int(p.meta.get("files", 0))} for p in patches]})
+        emit_json({"patches": [{**p.to_json(), "files": int(p.meta.get("files", 0))} for p in patches],
+                   "exit_code": 0})
         return 0
     out = console()
     if not patches:
@@ -206,7 +207,7 @@ def show(
                                                     "source": c.meta.get("source"), "base": c.meta.get("base"),
                                                     "writer": c.meta.get("writer")}
                                                    for c in commits],
-                   "checkout": str(folder) if folder.is_dir() else None})
+                   "checkout": str(folder) if folder.is_dir() else None, "exit_code": 0})
         return 0
     out = console()
     out.print(f"patch {escape(name)}  ({patch.commit})")

@@ -44,7 +44,7 @@ def init(
     result = run_init(Path.cwd(), local=local, writer=writer, config_path=Path(named) if named else None)
     if json_out:
         emit_json({"config": str(result.config_path), "config_created": result.config_created,
-                   "store": str(result.store_path), "local": local, "writer": result.writer})
+                   "store": str(result.store_path), "local": local, "writer": result.writer, "exit_code": 0})
         return 0
     out = console()
     if result.config_created:
@@ -119,7 +119,7 @@ def log(
     store = STATE.store(config)
     snapshots = read_log(store, config, node, limit, start)
     if json_out:
-        emit_json({"snapshots": [s.to_json() for s in snapshots]})
+        emit_json({"snapshots": [s.to_json() for s in snapshots], "exit_code": 0})
         return 0
     out = console()
     if not snapshots:
@@ -151,7 +151,7 @@ def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[b
     if file.size <= 1 << 20:
         data = b"".join(pieces)
         try:
-            emit_json({**document, "encoding": "utf-8", "content": data.decode("utf-8")})
+            emit_json({**document, "encoding": "utf-8", "content": data.decode("utf-8"), "exit_code": 0})
             return
         except UnicodeDecodeError:
             pieces = iter([data])
@@ -166,7 +166,7 @@ def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[b
         cut = len(piece) - len(piece) % 3
         out.write(base64.b64encode(piece[:cut]).decode("ascii"))
         left = piece[cut:]
-    out.write(base64.b64encode(left).decode("ascii") + '"\n}\n')
+    out.write(base64.b64encode(left).decode("ascii") + '",\n  "exit_code": 0\n}\n')
     out.flush()
 
 
@@ -202,7 +202,7 @@ def show(
         emit_json({**info.to_json(), "parent": result.parent,
                    "changes": None if result.changes is None else result.changes.to_json()["changes"],
                    "manifest": [{"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size,
-                                 "blake3": e.digest} for e in result.manifest or []]})
+                                 "blake3": e.digest} for e in result.manifest or []], "exit_code": 0})
         return 0
     out = console()
     meta = info.meta

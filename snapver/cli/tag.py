@@ -37,7 +37,7 @@ def tag(
             raise UsageError("--list takes no tag name and no -d")
         tags = ops.list_tags(STATE.store(config)) if (config.store_path / "HEAD").exists() else []
         if json_out:
-            emit_json({"tags": [t.to_json() for t in tags]})
+            emit_json({"tags": [t.to_json() for t in tags], "exit_code": 0})
         elif not tags:
             out.print("no tags yet (snapver tag NAME [REF])")
         for info in tags if not json_out else []:
@@ -63,7 +63,7 @@ def tag(
         if info.note and info.note != "already there":
             console(stderr=True).print(f"note: {escape(info.note)}")
     if json_out:
-        emit_json(result)
+        emit_json({**result, "exit_code": 0})
     else:
         out.print(message)
     return 0

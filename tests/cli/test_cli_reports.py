@@ -43,7 +43,7 @@ def test_init_json(run_snapver, isolated_env: Path) -> None:
     document = json.loads(done.out)
     writer = document.pop("writer")  # the store's writer id for `sync`: user@host by default
     assert document == {"config": str(isolated_env / ".snapver"), "config_created": True,
-                        "store": str(isolated_env / "snapshots"), "local": False}
+                        "store": str(isolated_env / "snapshots"), "local": False, "exit_code": 0}
     assert "@" in writer and writer == subprocess.run(
         ["git", "--git-dir", str(isolated_env / "snapshots"), "config", "snapver.writer"],
         capture_output=True, text=True).stdout.strip()
@@ -90,3 +90,20 @@ def test_pull_bar_names_nodes_and_compaction_is_said_on_a_terminal(make_site_pac
                     _gone(int(proc.name))
             except OSError:
                 pass
+
+
+def test_every_json_document_says_its_exit_code(make_site_packages, write_config, local_node, run_snapver,
+                                                isolated_env: Path) -> None:
+    """`exit_code` in every --json document, as nodes, pull, diff, status… had it and log, show,
+    tag, patch list/show, init did not (a script had to know which)."""
+    site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n", "sglang/srt/big.bin": b"\0" * (2 << 20)})
+    write_config({"n1": local_node(site)})
+    assert run_snapver("pull", "n1").code == 0
+    folder = run_snapver("patch", "new", "p", "--base", "n1").out.strip()
+    Path(folder, "sglang/srt/a.py").write_text("a = 2\n")
+    assert run_snapver("patch", "save", "p").code == 0
+    for args in (["init"], ["log"], ["show", "n1"], ["show", "n1", "sglang/srt/a.py"],
+                 ["show", "n1", "sglang/srt/big.bin"], ["tag", "t1", "n1"], ["tag", "--list"], ["tag", "-d", "t1"],
+                 ["patch", "list"], ["patch", "show", "p"], ["nodes"], ["diff", "n1"]):
+        result = run_snapver(*args, "--json")
+        assert result.code == 0 and json.loads(result.out)["exit_code"] == 0, (args, result)
