@@ -15,13 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from snapver.errors import StoreError
+from snapver.store.lock import flock_within
 from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 
 RAW_BYTES_BEFORE_COMPACT = 32 << 20
@@ -139,16 +139,9 @@ def compaction_paused(store_path: Path, wait: float = 300.0) -> Iterator[None]:
         yield
         return
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"a compaction of the store has run for over {wait:g} s",
-                                     hint="try again when it has ended (`snapver/compact.lock` is held)") from None
-                time.sleep(0.1)
+        if not flock_within(fd, wait, interval=0.1):
+            raise StoreError(f"a compaction of the store has run for over {wait:g} s",
+                             hint="try again when it has ended (`snapver/compact.lock` is held)")
         yield
     finally:
         os.close(fd)

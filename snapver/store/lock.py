@@ -16,6 +16,19 @@ LOCK_NAME = "snapver.lock"
 DEFAULT_WAIT = 5.0
 
 
+def flock_within(fd: int, wait: float, interval: float = 0.05) -> bool:
+    """Take ``fd``'s exclusive flock, trying until ``wait`` seconds have passed; False then."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+
+
 @contextmanager
 def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
     """Hold the store's write lock; wait up to ``wait`` seconds, then fail with exit 4.
@@ -31,17 +44,10 @@ def store_lock(store_path: Path, wait: float | None = None) -> Iterator[None]:
     except OSError as exc:
         raise unwritable_store(store_path, exc) from exc
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "another process"
-                    raise StoreLockedError(f"the store {store_path} is locked by pid {holder}",
-                                           hint="wait for the other snapver command to finish") from None
-                time.sleep(0.05)
+        if not flock_within(fd, wait):
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "another process"
+            raise StoreLockedError(f"the store {store_path} is locked by pid {holder}",
+                                   hint="wait for the other snapver command to finish")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
