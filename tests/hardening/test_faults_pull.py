@@ -146,7 +146,10 @@ content, turn = [open(version, "rb").read() for version in versions], 0
 
 def held(length, since):
     # A state half-way through a rewrite (version turn's first length bytes) that the file
-    # kept for 80 ms or more: the writer stalled there (two busy cores, a throttled cgroup).
+    # may have kept for 80 ms or more: the writer stalled there (two busy cores, a throttled
+    # cgroup). Called once the write that ended the state has returned: the state lasted
+    # from since until some moment in that write (a stall inside the write counts too; it
+    # was missed when timed before the write: an empty file held 100 ms went unlogged).
     now = time.monotonic()
     if now - since >= 0.08:
         log.write("%d %d %r %r\\n" % (turn, length, since, now))
@@ -160,9 +163,9 @@ while not os.path.exists(stop):
             handle.truncate(0)
             since, length, data = time.monotonic(), 0, content[turn]
             for at in range(0, len(data), 1 << 16):
-                held(length, since)
                 handle.write(data[at:at + (1 << 16)])
                 handle.flush()
+                held(length, since)
                 since, length = time.monotonic(), min(len(data), at + (1 << 16))
     time.sleep(0.3)
 """
