@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import EllipsisType
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import blake3
@@ -248,12 +249,15 @@ def list_live(store: Store | None, transport: Transport, checksum: bool = False)
     return request_live(store, transport, checksum)()
 
 
-def request_live(store: Store | None, transport: Transport, checksum: bool = False) -> Callable[[], Listing]:
-    """``list_live`` in two steps: ask the node now, wait for the listing later."""
+def request_live(store: Store | None, transport: Transport, checksum: bool = False,
+                 head: str | None | EllipsisType = ...) -> Callable[[], Listing]:
+    """``list_live`` in two steps: ask the node now, wait for the listing later. ``head``:
+    the node's newest snapshot by any writer (``newest_heads``), when the caller has it."""
     if store is None or checksum:
         return transport.request_listing()
     node = transport.spec.name
-    head = newest_heads(store)[1].get(refs.node_ref(node))
+    if head is ...:
+        head = newest_heads(store)[1].get(refs.node_ref(node))
     keys, cache_time = load_stat_keys(store, node, head)
     if keys is not None:
         return transport.request_listing(cache_time_ns=cache_time, cache_keys=keys)

@@ -232,11 +232,12 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
         row.transport = open_transport(spec).start()
-        listing: Callable[[], Listing] = request_live(store, row.transport, checksum)
+        # heads: the newest snapshot of any writer's, as request_live would read them again per node.
+        listing: Callable[[], Listing] = request_live(store, row.transport, checksum, heads.get(spec.name))
         # The store is read while the node starts up and lists.
         snapshot_manifest = None
         if store is not None:
-            row.snapshot = heads.get(spec.name)  # the newest of any writer's
+            row.snapshot = heads.get(spec.name)
             if row.snapshot:
                 row.snapshot_time = store.commit(row.snapshot).time
                 row.tags = sorted(tags.get(row.snapshot, []))
