@@ -206,26 +206,24 @@ def show(
         return 0
     out = console()
     meta = info.meta
+    date = f"{info.time:%Y-%m-%d %H:%M:%S %z}"
     if meta.get("kind") == "patch":  # a patch's tree: what it is on, not a node's snapshot
         changed = len(result.changes.changes) if result.changes is not None else 0
         out.print(f"patch {escape(str(meta.get('name', '?')))} (commit {info.id})")
-        out.print(f"base:          {escape(str(meta.get('base_node', '?')))} {str(meta.get('base', '?'))[:10]}")
-        out.print(f"nodes:         {escape(', '.join(meta.get('nodes') or [])) or '-'}")
-        out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
-        out.print(f"made by:       {escape(str(meta.get('source', 'patch')))}")
-        out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
-        out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
-        out.print(f"files:         {len(result.manifest or [])}, {changed} changed by the patch")
+        fields = [("base", f"{escape(str(meta.get('base_node', '?')))} {str(meta.get('base', '?'))[:10]}"),
+                  ("nodes", escape(", ".join(meta.get("nodes") or [])) or "-"), ("date", date),
+                  ("made by", escape(str(meta.get("source", "patch"))))]
+        files = f"{len(result.manifest or [])}, {changed} changed by the patch"
     else:
         out.print(f"snapshot {info.id}")
-        out.print(f"node:          {escape(info.node)} ({escape(str(meta.get('host', '')))})")
-        out.print(f"date:          {info.time:%Y-%m-%d %H:%M:%S %z}")
-        out.print(f"made by:       {escape(info.made_by)}")
-        out.print(f"site-packages: {escape(str(meta.get('site_packages', '')))}")
-        out.print(f"python:        {escape(str(meta.get('python', '')))}")
-        out.print(f"distribution:  {escape(', '.join(info.dists)) or '-'}")
-        out.print(f"paths:         {escape(', '.join(meta.get('paths', [])))}")
-        out.print(f"files:         {info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed")
+        fields = [("node", f"{escape(info.node)} ({escape(str(meta.get('host', '')))})"), ("date", date),
+                  ("made by", escape(info.made_by)), ("site-packages", escape(str(meta.get("site_packages", "")))),
+                  ("python", escape(str(meta.get("python", ""))))]
+        files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"
+    fields += [("distribution", escape(", ".join(info.dists)) or "-"),
+               ("paths", escape(", ".join(meta.get("paths", [])))), ("files", files)]
+    for label, value in fields:
+        out.print(f"{label + ':':<15}{value}")
     if info.tags:
         out.print(f"tags:          {escape(', '.join(info.tags))}")
     if info.message:
