@@ -271,7 +271,7 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     files = [e for e in listing.entries if e.kind == "f"]
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
-    save_stat_keys(store, node, commit, listing.now_ns, listing.entries)
+    save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))
     tmp = path.with_suffix(".tmp")
     # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
     tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
@@ -279,12 +279,11 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     os.replace(tmp, path)
 
 
-def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, entries: list[StatEntry]) -> None:
-    """Write the stat keys of a listing's regular files, made at ``now_ns``; the header
-    also counts its other entries (links, special files), which have no keys."""
+def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry], others: int) -> None:
+    """Write the stat keys of a listing's ``files`` (its regular files), made at ``now_ns``;
+    the header also counts its ``others`` entries (links, special files), which have no keys."""
     path = stat_keys_path(store, node)
-    files = [e for e in entries if e.kind == "f"]
-    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": len(entries) - len(files)}
+    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others}
     text = stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
     # As text: compressed by the first pull that sends them (which then keeps them so, see
     # keep_stat_keys_packed), not by every pull that writes them (a 16-node first pull: 16x).
@@ -440,7 +439,9 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 if head and not (result.listing.as_cached and head == result.parent):
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
-                    save_stat_keys(store, result.node, head, result.cache_time, result.listing.entries)
+                    entries = result.listing.entries
+                    files = [e for e in entries if e.kind == "f"]
+                    save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
                 elif head and result.keys is not None:
                     keep_stat_keys_packed(store, result.node, result.keys)
                 if result.snapshot and result.record is not None:
