@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from snapver.errors import ConfigError, UsageError
+from snapver.store.refs import MAX_NAME_LENGTH  # node and group names: as tag and patch names, a ref's
 
 # tomllib (~5 ms to import) and sysconfig are imported where they are needed: a command
 # reads either a file or the embedded default, never both.
@@ -270,8 +271,7 @@ def _remote_location(remote: str, config_path: Path) -> str:
     as they are; a path made absolute (``~`` expanded, relative to the config's folder)."""
     if "://" in remote or re.match(r"^[^/]+:", remote):
         return remote
-    location = Path(os.path.expanduser(remote))
-    return os.path.normpath(location if location.is_absolute() else config_path.resolve().parent / location)
+    return _local_path(remote, config_path.resolve().parent) or remote
 
 
 def _local_path(value: str | None, folder: Path, command: bool = False) -> str | None:
@@ -370,11 +370,8 @@ def url_problem(url: str) -> str:
     return ""
 
 
-NAME_LIMIT = 100  # as tag and patch names (store/refs.py MAX_NAME_LENGTH): a ref file's name
-
-
 def valid_node_name(name: str) -> bool:
-    return (bool(name) and len(name) <= NAME_LIMIT and all(ch.isalnum() or ch in "._-" for ch in name)
+    return (bool(name) and len(name) <= MAX_NAME_LENGTH and all(ch.isalnum() or ch in "._-" for ch in name)
             and not name.startswith((".", "-")))
 
 
