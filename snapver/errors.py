@@ -15,6 +15,11 @@ class SnapverError(Exception):
         self.message = message
         self.hint = hint
 
+    @property
+    def shown_hint(self) -> str | None:
+        """The hint printed under the error: the raiser's, else its class's."""
+        return self.hint or self.default_hint
+
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message} (hint: {self.hint})"
 

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         if STATE.verbose:
             traceback.print_exc()
         print(f"snapver: error: {exc.message}", file=sys.stderr)
-        hint = exc.hint or exc.default_hint
+        hint = exc.shown_hint
         if hint:
             print(f"hint: {hint}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -122,7 +122,7 @@ def summary_line(result: "object") -> str:
         message = result.error.message
         if not message.startswith((f"{result.node}:", f"{result.node} (")):
             message = f"{result.node}: {message}"
-        hint = result.error.hint or result.error.default_hint
+        hint = result.error.shown_hint
         return f"[red]snapver: error:[/red] {escape(message)}" + (f"\nhint: {escape(hint)}" if hint else "")
     stats = (f"{result.files} files, {result.changed} changed, "
              f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire), "

@@ -319,7 +319,7 @@ def print_error(error: Any) -> None:
     """A SnapverError met by one node of many, as `main` prints a fatal one: the line, then its hint."""
     err = console(stderr=True)
     err.print(f"snapver: error: {escape(error.message)}")
-    hint = error.hint or getattr(error, "default_hint", None)
+    hint = error.shown_hint
     if hint:
         err.print(f"hint: {escape(hint)}")
 
