@@ -10,6 +10,7 @@ hash). All snapshots are written into one pack and become visible together at th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -112,9 +113,20 @@ def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     one string of records, "path NUL size mtime_ns ctime_ns ino mode" each, two NULs between
     them (no path holds a NUL, none is empty). The node looks its files' records up in a
     set: a JSON object of lists, as older versions wrote, took ~5x longer to decode there
-    (12,016 files: 15.6 ms) and ~1.5x to encode here."""
-    return json.dumps("\0\0".join([f"{path}\0{size} {mtime} {ctime} {ino} {mode}"
-                                    for path, size, mtime, ctime, ino, mode in keys]))
+    (12,016 files: 15.6 ms) and ~1.5x to encode here. Sorted: ``records_sha256`` of the
+    string is what the node compares its own records with before it decodes these."""
+    return json.dumps(records_text(keys))
+
+
+def records_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
+    """The records of ``stat_keys_text``, sorted, as one string."""
+    return "\0\0".join(sorted([f"{path}\0{size} {mtime} {ctime} {ino} {mode}"
+                                for path, size, mtime, ctime, ino, mode in keys]))
+
+
+def records_sha256(text: str) -> str:
+    """The digest a node compares with that of its files' records (agent ``_Records``)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def parse_stat_keys(text: str) -> dict[str, Sequence[int]]:
@@ -143,7 +155,7 @@ def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys 
     found = _read_stat_keys(store, node, head)
     if found is None:
         return None, 0
-    packed, cache_time, files, header = found
+    packed, cache_time, files, header, digest = found
 
     def read_cache() -> dict[str, StatEntry] | None:
         try:
@@ -153,7 +165,7 @@ def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys 
         entries, now_ns = load_stat_cache(store, node, head, (text, cache_time))
         return entries if entries and now_ns == cache_time else None
 
-    return StatKeys(packed, read_cache, files, header), cache_time
+    return StatKeys(packed, read_cache, files, header, digest), cache_time
 
 
 def read_stat_keys_file(path: Path) -> tuple[dict[str, Any], bytes]:
@@ -176,9 +188,10 @@ def _read_keys_file(path: Path, header_only: bool = False) -> tuple[dict[str, An
 
 
 def _read_stat_keys(store: Store, node: str, head: str | None
-                    ) -> tuple[bytes, int, int | None, dict[str, Any] | None] | None:
+                    ) -> tuple[bytes, int, int | None, dict[str, Any] | None, str | None] | None:
     """(keys' compressed JSON text, cache time, how many files, the header if the file holds
-    them as text) of snapshot ``head``'s keys file, or None."""
+    them as text, the records' digest if written with one) of snapshot ``head``'s keys file,
+    or None."""
     if head is None:
         return None
     try:
@@ -196,9 +209,11 @@ def _read_stat_keys(store: Store, node: str, head: str | None
         # unchanged (keys from before "others" was counted: never called so).
         if header.get("others") != 0:
             files = None
+        digest = header.get("records_sha256")
+        digest = digest if isinstance(digest, str) else None
         if packed:
-            return data, int(header["now_ns"]), files, None
-        return zlib.compress(data, 1), int(header["now_ns"]), files, header
+            return data, int(header["now_ns"]), files, None, digest
+        return zlib.compress(data, 1), int(header["now_ns"]), files, header, digest
     except (OSError, ValueError, KeyError, TypeError, zlib.error):
         return None
 
@@ -268,7 +283,8 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
     """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
-    files = [e for e in listing.entries if e.kind == "f"]
+    # By path: the order of the keys' records (``records_text``), which the ids follow.
+    files = sorted((e for e in listing.entries if e.kind == "f"), key=lambda e: e.path)
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
     save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))
@@ -283,8 +299,10 @@ def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: lis
     """Write the stat keys of a listing's ``files`` (its regular files), made at ``now_ns``;
     the header also counts its ``others`` entries (links, special files), which have no keys."""
     path = stat_keys_path(store, node)
-    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others}
-    text = stat_keys_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
+    records = records_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
+    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others,
+              "records_sha256": records_sha256(records)}
+    text = json.dumps(records)
     # As text: compressed by the first pull that sends them (which then keeps them so, see
     # keep_stat_keys_packed), not by every pull that writes them (a 16-node first pull: 16x).
     _write_stat_keys(path, header, text.encode("ascii"))
