@@ -201,7 +201,7 @@ class BigTree:
         ``env``: another snapver's (``--baseline``)."""
         env = {**(env or self.env.env()), "SNAPVER_AUTO_GC": "0"}
         with agent_peak(self.poll_agent) as agent:
-            done, client_kib = run_measured([sys.executable, "-m", "snapver", *args], check=False,
+            done, client_kib = run_measured([*self.env.snapver_argv, *args], check=False,
                                             cwd=project, env=env)
         if done.returncode not in codes:
             raise RuntimeError(f"snapver {' '.join(args)} exited {done.returncode}:\n"
@@ -336,7 +336,7 @@ def store_sizes(bench: BigTree) -> dict[str, Any]:
     store = project / "snapshots"
     raw = du_bytes(store / "objects")
     began = time.perf_counter()
-    done, gc_kib = run_measured([sys.executable, "-m", "snapver.store.gc", str(store)], check=False,
+    done, gc_kib = run_measured([bench.env.python, "-m", "snapver.store.gc", str(store)], check=False,
                                 env={**bench.env.env(), "SNAPVER_AUTO_GC": "1"})
     gc_seconds = time.perf_counter() - began
     _expect("compaction exit code", done.returncode, 0)
@@ -388,7 +388,7 @@ def main() -> int:
     wheel = torch_wheel()
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     started = time.time()
-    with bench_env(keep=args.keep, node_home=args.node_home) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home, client=args.client_python) as env:
         site = build_torch_node(env, wheel)
         bench = BigTree(env, site)
         if args.baseline:

@@ -19,6 +19,7 @@ import argparse
 import os
 import shutil
 import statistics
+import site
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,7 @@ class BenchEnv:
     work: Path
     home: Path
     wheel: Path
+    python: str = sys.executable  # the interpreter snapver runs under (``client_python``)
     _built: list[Path] = field(default_factory=list)
 
     # -- nodes --------------------------------------------------------------------
@@ -112,9 +114,14 @@ class BenchEnv:
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
         return env
 
+    @property
+    def snapver_argv(self) -> list[str]:
+        """``python -m snapver`` with the client's Python (``client_python``)."""
+        return [self.python, "-m", "snapver"]
+
     def snapver(self, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         """Run ``python -m snapver ARGS`` (this checkout) in ``cwd``."""
-        return run([sys.executable, "-m", "snapver", *args], cwd=cwd, env=self.env(), check=check)
+        return run([*self.snapver_argv, *args], cwd=cwd, env=self.env(), check=check)
 
     def ssh_e(self) -> str:
         """The ``-e`` argument for rsync (and the options for scp/ssh): key, port, known_hosts only."""
@@ -232,12 +239,41 @@ def _start_one_sshd(folder: Path, port: int, addresses: Sequence[str],
 
 
 NODE_HOMES = ("clean", "root")
+CLIENT_PYTHONS = ("installed", "system")
 
 
 def add_node_home_option(parser: argparse.ArgumentParser) -> None:
+    """``--node-home`` and ``--client-python``: the two settings of this machine a timing depends on."""
     parser.add_argument("--node-home", choices=NODE_HOMES, default="clean",
                         help="HOME of node sessions: an empty one (default), or root's own, whose "
                         ".bashrc runs this machine's start-up (pyenv) in every SSH session")
+    parser.add_argument("--client-python", choices=CLIENT_PYTHONS, default="installed",
+                        help="the Python snapver runs under: a venv of its own, as `pipx install` makes "
+                        "(default), or this machine's, whose site-packages runs .pth start-up hooks")
+
+
+def client_python(work: Path, kind: str = "installed") -> str:
+    """The interpreter snapver's commands run under.
+
+    ``installed``: a venv of its own in ``work``, as ``pipx install snapver`` makes, whose
+    site-packages only names this Python's (a ``.pth`` line that is a path: the packages
+    are found there, and that folder's own ``.pth`` files are not run). This machine's
+    site-packages runs two start-up hooks in every Python process, which a user's
+    install has neither of: a sandbox's CA injector (imports certifi, importlib.resources,
+    tempfile, zipfile) and the editable install's finder: ~40 ms of CPU per start
+    (``python -X importtime -c pass``: site 40 ms; 2.5 ms in such a venv). rsync, ssh and
+    git pay nothing like it. ``system``: this Python as it is (``sys.executable``).
+    """
+    if kind == "system":
+        return sys.executable
+    if kind != "installed":
+        raise ValueError(f"client python: {kind!r}, not one of {CLIENT_PYTHONS}")
+    venv = work / "client-venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (venv / "lib" / version / "site-packages" / "snapver-deps.pth").write_text(
+        "".join(f"{folder}\n" for folder in site.getsitepackages()))
+    return str(venv / "bin" / "python")
 
 
 def find_wheel() -> Path:
@@ -250,7 +286,7 @@ def find_wheel() -> Path:
 
 @contextmanager
 def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None,
-              node_home: str = "clean") -> Iterator[BenchEnv]:
+              node_home: str = "clean", client: str = "installed") -> Iterator[BenchEnv]:
     """Start sshd on loopback (random port, own keys) in a scratch folder; stop and delete on exit.
 
     ``addresses`` (node name -> loopback address, at most 16): one sshd process listening
@@ -302,7 +338,7 @@ def bench_env(keep: bool = False, addresses: Mapping[str, str] | None = None,
         home.mkdir()
         work = scratch / "work"
         work.mkdir()
-        yield BenchEnv(sshd=sshd, work=work, home=home, wheel=find_wheel())
+        yield BenchEnv(sshd=sshd, work=work, home=home, wheel=find_wheel(), python=client_python(work, client))
     finally:
         fixtures._stop(processes)
         if keep:
@@ -376,6 +412,6 @@ def bench_main(bench: Callable[[BenchEnv, int], Any], description: str | None, d
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     add_node_home_option(parser)
     args = parser.parse_args()
-    with bench_env(keep=args.keep, node_home=args.node_home) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home, client=args.client_python) as env:
         bench(env, args.runs)
     return 0

@@ -136,7 +136,7 @@ def bench(env: BenchEnv, runs: int, baseline: str | None = None) -> dict[str, An
     def snapver_pull(name: str, *targets: str, env_of: dict[str, str] = snapver_env) -> Case:
         def body(_round: int) -> None:
             cpu, client_cpu = machine_cpu_seconds(), children_cpu_seconds()
-            done, peak = run_measured([sys.executable, "-m", "snapver", "pull", "--json", *targets],
+            done, peak = run_measured([*env.snapver_argv, "pull", "--json", *targets],
                                       cwd=project, env=env_of)
             cpu, client_cpu = machine_cpu_seconds() - cpu, children_cpu_seconds() - client_cpu
             nodes = json.loads(done.stdout)["nodes"]
@@ -218,17 +218,17 @@ def bench_status(env: BenchEnv, runs: int, baseline: str | None) -> dict[str, An
     trees = {"snapver status x16": snapver_env}
     if baseline:
         trees[f"status x16 ({baseline})"] = baseline_env(env, baseline, snapver_env)
-    done, _peak = run_measured([sys.executable, "-m", "snapver", "pull", "--all", "--json"], cwd=project,
+    done, _peak = run_measured([*env.snapver_argv, "pull", "--all", "--json"], cwd=project,
                                env=snapver_env)
     began = time.perf_counter()
-    _done, cold_peak = run_measured([sys.executable, "-m", "snapver", "status", "--json"], cwd=project,
+    _done, cold_peak = run_measured([*env.snapver_argv, "status", "--json"], cwd=project,
                                     env=snapver_env)
     cold = {"seconds": round(time.perf_counter() - began, 3), "peak_kib": cold_peak}
     peaks: dict[str, list[int]] = {}
 
     def case(name: str, env_of: dict[str, str]) -> Case:
         def body(_round: int) -> None:
-            done, peak = run_measured([sys.executable, "-m", "snapver", "status", "--json"], cwd=project,
+            done, peak = run_measured([*env.snapver_argv, "status", "--json"], cwd=project,
                                       env=env_of, check=False)
             nodes = json.loads(done.stdout)["nodes"]
             if done.returncode != 0 or len(nodes) != len(FLEET):
@@ -353,7 +353,8 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     started = time.time()
-    with bench_env(keep=args.keep, addresses=FLEET, node_home=args.node_home) as env:
+    with bench_env(keep=args.keep, addresses=FLEET, node_home=args.node_home,
+                   client=args.client_python) as env:
         config = env.sshd.dir / "sshd_config.0"
         listens = sum(1 for line in config.read_text().splitlines() if line.startswith("ListenAddress "))
         print(f"one sshd, {config.name}: {listens} ListenAddress lines", file=sys.stderr)

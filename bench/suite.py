@@ -212,7 +212,7 @@ class Suite:
                 codes: Sequence[int] = (0,)) -> tuple[subprocess.CompletedProcess[bytes], int]:
         config = network.persist_config if persistent else network.config
         env = {**self.env.env(), "SNAPVER_AUTO_GC": "0"}
-        done, peak = run_measured([sys.executable, "-m", "snapver", "--config", str(config), *args],
+        done, peak = run_measured([*self.env.snapver_argv, "--config", str(config), *args],
                                   check=False, cwd=network.project, env=env)
         if done.returncode not in codes:
             raise RuntimeError(f"snapver {' '.join(args)} exited {done.returncode}:\n"
@@ -544,7 +544,7 @@ NEEDS = {"first-pull": ["pull"], "re-pull": ["pull"], "change-pull": ["pull"], "
 def missing_commands(env: BenchEnv) -> set[str]:
     missing = set()
     for command in sorted({c for needs in NEEDS.values() for c in needs}):
-        done = run([sys.executable, "-m", "snapver", command, "--help"], check=False, env=env.env(), cwd=env.work)
+        done = run([*env.snapver_argv, command, "--help"], check=False, env=env.env(), cwd=env.work)
         if done.returncode != 0:
             missing.add(command)
     return missing
@@ -610,7 +610,7 @@ def main() -> int:
     started = time.time()
     load_before = uptime()
     print(f"start: {load_before}", file=sys.stderr)
-    with bench_env(keep=args.keep, node_home=args.node_home) as env:
+    with bench_env(keep=args.keep, node_home=args.node_home, client=args.client_python) as env:
         suite = Suite(env, args.runs, args.slow_runs)
         try:
             missing = missing_commands(env)

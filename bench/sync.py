@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO_ROOT, run  # noqa: E402
+from common import REPO_ROOT, client_python, run  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -72,6 +72,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="snapver-sync-"))
     env = dict(os.environ, SNAPVER_AUTO_GC="0", HOME=str(work), PYTHONPATH=str(REPO_ROOT))
+    python = client_python(work)  # the timed commands run as installed (see common.client_python)
     sshd_context = None
     try:
         began = time.monotonic()
@@ -107,14 +108,14 @@ def main() -> int:
             leftovers = subprocess.run(["git", "--git-dir", str(store), "for-each-ref", "--format=delete %(refname)",
                                         "refs/remotes/team/"], capture_output=True, text=True).stdout
             subprocess.run(["git", "--git-dir", str(store), "update-ref", "--stdin"], input=leftovers, text=True)
-            snapver = [sys.executable, "-m", "snapver", "--config", str(config), "sync"]
+            snapver = [python, "-m", "snapver", "--config", str(config), "sync"]
             mirror = ["git", "--git-dir", str(store), "push", "--quiet", "--mirror", urls["mirror"]]
             timed("sync (first)", snapver)
             timed("git push --mirror (first)", mirror)
             timed("sync (unchanged)", snapver)
             timed("git push --mirror (unchanged)", mirror)
             # What any snapver command costs before it does anything (Python and its imports).
-            timed("snapver --version (start-up)", [sys.executable, "-m", "snapver", "--version"])
+            timed("snapver --version (start-up)", [python, "-m", "snapver", "--version"])
         snapshots = subprocess.run(["git", "--git-dir", str(store), "rev-list", "--count", "--branches=nodes/*"],
                                    capture_output=True, text=True).stdout.strip()
         refs = subprocess.run(["git", "--git-dir", str(store), "for-each-ref", "refs/heads/", "refs/tags/"],
