@@ -113,7 +113,7 @@ def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     one string of records, "path NUL size mtime_ns ctime_ns ino mode" each, two NULs between
     them (no path holds a NUL, none is empty). The node looks its files' records up in a
     set: a JSON object of lists, as older versions wrote, took ~5x longer to decode there
-    (12,016 files: 15.6 ms) and ~1.5x to encode here. Sorted: ``records_sha256`` of the
+    (12,016 files: 15.6 ms) and ~1.5x to encode here. Sorted: ``records_digest`` of the
     string is what the node compares its own records with before it decodes these."""
     return json.dumps(records_text(keys))
 
@@ -124,9 +124,9 @@ def records_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
                                 for path, size, mtime, ctime, ino, mode in keys]))
 
 
-def records_sha256(text: str) -> str:
+def records_digest(text: str) -> str:
     """The digest a node compares with that of its files' records (agent ``_Records``)."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=32).hexdigest()
 
 
 def parse_stat_keys(text: str) -> dict[str, Sequence[int]]:
@@ -188,9 +188,9 @@ def _read_keys_file(path: Path, header_only: bool = False) -> tuple[dict[str, An
 
 
 def _read_stat_keys(store: Store, node: str, head: str | None
-                    ) -> tuple[bytes, int, int | None, dict[str, Any] | None, str | None] | None:
+                    ) -> tuple[bytes, int, int | None, dict[str, Any] | None, tuple[str, int] | None] | None:
     """(keys' compressed JSON text, cache time, how many files, the header if the file holds
-    them as text, the records' digest if written with one) of snapshot ``head``'s keys file,
+    them as text, the records' digest and count if written with one) of snapshot ``head``'s keys file,
     or None."""
     if head is None:
         return None
@@ -207,10 +207,11 @@ def _read_stat_keys(store: Store, node: str, head: str | None
         # holds only if the snapshot had nothing but files: its links and special files are
         # listed again at every pull, so one whose links were all removed since would look
         # unchanged (keys from before "others" was counted: never called so).
+        # The digest of the records, and how many there are (the count of a header that has a digest).
+        digest = header.get("records_digest")
+        digest = (digest, files) if isinstance(digest, str) and files is not None else None
         if header.get("others") != 0:
             files = None
-        digest = header.get("records_sha256")
-        digest = digest if isinstance(digest, str) else None
         if packed:
             return data, int(header["now_ns"]), files, None, digest
         return zlib.compress(data, 1), int(header["now_ns"]), files, header, digest
@@ -301,7 +302,7 @@ def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: lis
     path = stat_keys_path(store, node)
     records = records_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
     header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others,
-              "records_sha256": records_sha256(records)}
+              "records_digest": records_digest(records)}
     text = json.dumps(records)
     # As text: compressed by the first pull that sends them (which then keeps them so, see
     # keep_stat_keys_packed), not by every pull that writes them (a 16-node first pull: 16x).

@@ -97,7 +97,7 @@ class StatKeys:
     read_cache: Callable[[], dict[str, StatEntry] | None]
     files: int | None = None  # how many files the keys name, if the snapshot has nothing else (else None)
     header: dict[str, Any] | None = None  # their file's header, when the file holds them as text
-    records_sha256: str | None = None  # the digest of their records, sorted (ops.pull.records_sha256)
+    digest: tuple[str, int] | None = None  # of their records, sorted (ops.pull.records_digest), and how many
 
 
 class FileChanged(Exception):
@@ -505,7 +505,8 @@ class Transport(ABC):
         if cache_keys is not None:
             # delta: the node sends only the rows of files whose stat differs from the cache
             # (an unchanged tree: none); it does not need their blob ids, which we have.
-            digest = {"records_sha256": cache_keys.records_sha256} if cache_keys.records_sha256 else {}
+            digest = ({"records_digest": cache_keys.digest[0], "records": cache_keys.digest[1]}
+                      if cache_keys.digest else {})
             reply = self._request_with_keys("list", cache_keys.packed, paths=list(self.spec.paths),
                                             exclude=list(self.spec.exclude), cache_time_ns=cache_time_ns,
                                             oids=want_oids, delta=True, **digest)

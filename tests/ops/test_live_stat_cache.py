@@ -18,7 +18,7 @@ from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
-from snapver.ops.pull import (list_live, parse_stat_keys, read_stat_keys_file, records_sha256, stat_cache_path,
+from snapver.ops.pull import (list_live, parse_stat_keys, read_stat_keys_file, records_digest, stat_cache_path,
                                stat_keys_path, stat_keys_text)
 from snapver.store.repo import Store
 from snapver.transport.connect import open_transport
@@ -35,13 +35,13 @@ def _keys_file(store: Store) -> tuple[dict, str]:
 def _write_keys_file(store: Store, header: dict, text: str) -> None:
     """Write keys as snapver does: the header line (with the digest of records), then their
     JSON text compressed."""
-    header = {key: value for key, value in header.items() if key != "records_sha256"}
+    header = {key: value for key, value in header.items() if key != "records_digest"}
     try:
         records = json.loads(text)
     except ValueError:
         records = None
     if isinstance(records, str):
-        header["records_sha256"] = records_sha256("\0\0".join(sorted(records.split("\0\0"))))
+        header["records_digest"] = records_digest("\0\0".join(sorted(records.split("\0\0"))))
     data = json.dumps({**header, "zlib": 1}).encode() + b"\n" + zlib.compress(text.encode("ascii"))
     stat_keys_path(store, "ct200").write_bytes(data)
 
@@ -366,7 +366,7 @@ def test_damaged_stat_keys_are_no_keys(pulled, damage: str) -> None:
 
 
 def test_keys_carry_the_digest_of_their_records_and_keys_without_one_still_serve(pulled) -> None:
-    """A pull writes its keys sorted, with the SHA-256 the node compares its own records
+    """A pull writes its keys sorted, with the BLAKE2b the node compares its own records
     with before it decodes them; keys written before that (no digest) are decoded and
     trusted as they were."""
     config, site = pulled
@@ -374,11 +374,11 @@ def test_keys_carry_the_digest_of_their_records_and_keys_without_one_still_serve
     header, text = _keys_file(store)
     records = json.loads(text)
     assert records.split("\0\0") == sorted(records.split("\0\0"))
-    assert header["records_sha256"] == records_sha256(records)
+    assert header["records_digest"] == records_digest(records)
     stat_keys_path(store, "ct200").write_bytes(
-        json.dumps({k: v for k, v in header.items() if k != "records_sha256"}).encode() + b"\n" + text.encode())
+        json.dumps({k: v for k, v in header.items() if k != "records_digest"}).encode() + b"\n" + text.encode())
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "unchanged since" in result.out, result
-    assert "records_sha256" not in _keys_file(store)[0]
+    assert "records_digest" not in _keys_file(store)[0]
     header, _ = _trusted_then_one_change(config, site, store)
-    assert header["records_sha256"] == records_sha256(json.loads(_keys_file(store)[1]))
+    assert header["records_digest"] == records_digest(json.loads(_keys_file(store)[1]))

@@ -1,6 +1,6 @@
 """The node checks a re-pull's stat keys as a whole first (agent ``_Records``).
 
-The client sends its keys with the SHA-256 of their records, sorted; the agent hashes its
+The client sends its keys with the BLAKE2b of their records, sorted; the agent hashes its
 own files' records the same way and decodes the keys only when the two differ. These
 tests run the agent's ``list`` in this process, on real folders, through a real
 ``Channel`` (the frames in memory): what it answers must be what decoding every record
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from snapver.ops.pull import records_sha256, records_text
+from snapver.ops.pull import records_digest, records_text
 from snapver.store.repo import blob_oid
 from snapver.transport import agent
 
@@ -63,7 +63,7 @@ def _list(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> d
     request = {"op": "list", "paths": ["pkg"], "exclude": [], "cache_time_ns": cache_time_ns, "oids": True,
                "delta": True, "cache_frame": True, "site_packages": str(site)}
     if digest is not None:
-        request["records_sha256"] = digest
+        request.update(records_digest=digest, records=len(FILES))
     agent.op_list(agent.Channel(wire_in, wire_out), request)
     data = wire_out.getvalue()
     (size,) = struct.unpack(">I", data[:4])
@@ -78,13 +78,13 @@ def _frame(records: str) -> bytes:
 def test_a_tree_as_it_was_is_all_same_without_the_keys_being_read(site: Path) -> None:
     records = _records(site)
     # The frame is garbage: were it decoded, no record would be found and every file hashed.
-    reply = _list(site, b"not zlib at all", records_sha256(records), _cache_time())
+    reply = _list(site, b"not zlib at all", records_digest(records), _cache_time())
     assert (reply["same"], reply["entries"], reply["gone"], reply["hashed"]) == (len(FILES), [], [], 0)
 
 
 def test_the_same_tree_with_the_keys_decoded_answers_the_same(site: Path) -> None:
     records = _records(site)
-    with_digest = _list(site, _frame(records), records_sha256(records), _cache_time())
+    with_digest = _list(site, _frame(records), records_digest(records), _cache_time())
     without = _list(site, _frame(records), None, _cache_time())
     assert with_digest == {**without, "now_ns": with_digest["now_ns"]}
 
@@ -105,7 +105,7 @@ def test_any_change_is_found_and_only_it_is_hashed(site: Path, change: str) -> N
     else:
         os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns - 10**9))
     time.sleep(0.01)
-    reply = _list(site, _frame(records), records_sha256(records), _cache_time())
+    reply = _list(site, _frame(records), records_digest(records), _cache_time())
     baseline = _list(site, _frame(records), None, _cache_time())
     assert reply == {**baseline, "now_ns": reply["now_ns"]}
     rel = str(target.relative_to(site))
@@ -136,7 +136,7 @@ def test_a_folder_swapped_for_a_link_before_the_changed_files_are_read_is_never_
 
     monkeypatch.setattr(agent._Records, "all_found", swap_then_check)
     with pytest.raises(agent.AgentError) as failed:
-        _list(site, _frame(records), records_sha256(records), _cache_time())
+        _list(site, _frame(records), records_digest(records), _cache_time())
     assert "symlink" in str(failed.value) and "changed while listed" in str(failed.value)
 
 
@@ -155,7 +155,7 @@ def test_a_file_removed_before_it_is_read_is_gone_not_listed(site: Path, monkeyp
     channel = agent.Channel(wire_in, io.BytesIO())
     agent.op_list(channel, {"op": "list", "paths": ["pkg"], "exclude": [], "cache_time_ns": _cache_time(),
                             "oids": True, "delta": True, "cache_frame": True, "site_packages": str(site),
-                            "records_sha256": records_sha256(records)})
+                            "records_digest": records_digest(records), "records": len(FILES)})
     reply = json.loads(channel.wfile.getvalue()[4:])
     assert (reply["entries"], reply["gone"], reply["same"]) == ([], ["pkg/m1.py"], len(FILES) - 1)
     assert "pkg/m1.py" not in channel.listed and len(channel.listed) == len(FILES) - 1
