@@ -1,3 +1,3 @@
-from snapver.cli import run
+from snapver.entry import run
 
 run()

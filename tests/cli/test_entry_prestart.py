@@ -1,0 +1,111 @@
+"""`snapver pull NODE` begins its connections before the command line is loaded (snapver.entry).
+
+Only a command line of one known shape does; the pull takes those connections over when
+it selects the same nodes, so a node is connected to once; anything else begins nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import toml_dumps
+from snapver_inproc import run_inproc
+
+from snapver import entry
+from snapver.transport import connect
+
+FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(5)}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_begun():
+    yield
+    left = entry._prestarted
+    entry._prestarted = None
+    if left is not None:
+        left[1].close()
+
+
+@pytest.mark.parametrize("argv, parsed", [
+    (["pull", "ct200"], (None, ["ct200"], False)),
+    (["pull", "--json", "ct200", "tp8"], (None, ["ct200", "tp8"], False)),
+    (["--config", "c.toml", "-v", "pull", "--all"], ("c.toml", [], True)),
+    (["--config=c.toml", "--no-color", "--no-pager", "pull", "-m", "note -x", "ct200"], ("c.toml", ["ct200"], False)),
+    (["pull", "--message=a note", "ct200@live"], (None, ["ct200@live"], False)),
+    (["pull"], (None, [], False)),
+])
+def test_the_pull_command_lines_it_reads(argv, parsed) -> None:
+    assert entry.pull_command(argv) == parsed
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["status"], ["diff", "ct200"], ["pull", "--help"], ["pull", "--tag", "v1", "ct200"], ["pull", "--", "ct200"],
+    ["pull", "-mnote", "ct200"], ["--config"], ["--unknown", "pull", "ct200"], ["--version"], ["pull", "-m"],
+    ["ct200", "pull"],
+])
+def test_any_other_command_line_begins_nothing(argv) -> None:
+    assert entry.pull_command(argv) is None
+
+
+@pytest.fixture
+def config(sshd, make_site_packages, ssh_node, tmp_path: Path) -> Path:
+    site = make_site_packages("ct200", files=FILES)
+    path = tmp_path / "snapver.toml"
+    path.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")},
+                                "nodes": {"ct200": ssh_node("ct200", site)}}))
+    return path
+
+
+def _counting_starts(monkeypatch) -> list[list[str]]:
+    """Record the nodes of every ``Starting`` made from now on."""
+    made: list[list[str]] = []
+    real_init = connect.Starting.__init__
+
+    def init(self, specs):
+        made.append([spec.name for spec in specs])
+        real_init(self, specs)
+
+    monkeypatch.setattr(connect.Starting, "__init__", init)
+    return made
+
+
+def test_the_pull_takes_over_the_connection_begun_for_it(config: Path, monkeypatch) -> None:
+    made = _counting_starts(monkeypatch)
+    argv = ["--config", str(config), "pull", "ct200"]
+    entry.prestart(argv)
+    assert made == [["ct200"]]
+    result = run_inproc(*argv)
+    assert result.code == 0 and "ct200: snapshot" in result.out, result
+    assert made == [["ct200"]] and entry._prestarted is None  # one connection, the one begun first
+
+
+def test_connections_begun_for_other_nodes_are_closed_not_used(config: Path, monkeypatch) -> None:
+    made = _counting_starts(monkeypatch)
+    entry.prestart(["--config", str(config), "pull", "ct200"])
+    begun = entry._prestarted[1]
+    assert entry.adopt([]) is None and begun._closed and entry._prestarted is None
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and made == [["ct200"], ["ct200"]], result
+
+
+@pytest.mark.parametrize("targets", [["nosuch"], []])
+def test_an_error_begins_nothing_and_is_reported_once(config: Path, targets: list[str], monkeypatch) -> None:
+    if not targets:  # a config that names no node
+        config.write_text(config.read_text().split("[nodes")[0])
+    made = _counting_starts(monkeypatch)
+    entry.prestart(["--config", str(config), "pull", *targets])
+    assert made == [] and entry._prestarted is None
+    done = subprocess.run([sys.executable, "-m", "snapver", "--config", str(config), "pull", *targets],
+                          capture_output=True, text=True, cwd=config.parent)
+    assert done.returncode == 2 and done.stderr.count("snapver: error:") == 1, done.stderr
+
+
+def test_python_m_snapver_and_the_console_script_pull(config: Path) -> None:
+    for command in ([sys.executable, "-m", "snapver"], [str(Path(sys.executable).with_name("snapver"))]):
+        done = subprocess.run([*command, "--config", str(config), "pull", "--json", "ct200"],
+                              capture_output=True, text=True, cwd=config.parent)
+        assert done.returncode == 0 and '"ct200"' in done.stdout, done.stderr
