@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver import entry
@@ -52,12 +51,10 @@ def test_any_other_command_line_begins_nothing(argv) -> None:
 
 
 @pytest.fixture
-def config(sshd, make_site_packages, ssh_node, tmp_path: Path) -> Path:
+def config(make_site_packages, ssh_node, write_config, tmp_path: Path) -> Path:
     site = make_site_packages("ct200", files=FILES)
-    path = tmp_path / "snapver.toml"
-    path.write_text(toml_dumps({"store": {"path": str(tmp_path / "store")},
-                                "nodes": {"ct200": ssh_node("ct200", site)}}))
-    return path
+    return write_config({"ct200": ssh_node("ct200", site)}, store=str(tmp_path / "store"),
+                        where=tmp_path / "snapver.toml")
 
 
 def _counting_starts(monkeypatch) -> list[list[str]]:
