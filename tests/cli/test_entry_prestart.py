@@ -106,3 +106,19 @@ def test_python_m_snapver_and_the_console_script_pull(config: Path) -> None:
         done = subprocess.run([*command, "--config", str(config), "pull", "--json", "ct200"],
                               capture_output=True, text=True, cwd=config.parent)
         assert done.returncode == 0 and '"ct200"' in done.stdout, done.stderr
+
+
+def test_the_process_is_set_up_before_any_connection_begins() -> None:
+    """A closed stdout is /dev/null before ``prestart`` runs: a connection begun before
+    would take descriptor 1 for its socket, and the command's output would go to it."""
+    script = (
+        "import os, sys\n"
+        "os.close(1)\n"
+        "from snapver import entry\n"
+        "def prestart(argv):\n"
+        "    os.write(2, b'fd 1 open: %d\\n' % os.path.exists('/proc/self/fd/1'))\n"
+        "entry.prestart = prestart\n"
+        "sys.argv = ['snapver', '--version']\n"
+        "entry.run()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert done.returncode == 0 and "fd 1 open: 1" in done.stderr, done.stderr
