@@ -18,6 +18,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import attrgetter
 from datetime import datetime, timezone
 from pathlib import Path
 from types import EllipsisType
@@ -122,6 +123,12 @@ def records_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     """The records of ``stat_keys_text``, sorted, as one string."""
     return "\0\0".join(sorted([f"{path}\0{size} {mtime} {ctime} {ino} {mode}"
                                 for path, size, mtime, ctime, ino, mode in keys]))
+
+
+def _entries_records(files: list[StatEntry]) -> str:
+    """``records_text`` of files already sorted by path (a record sorts as its path: NUL
+    sorts before any character a path holds), made from the entries straight."""
+    return "\0\0".join([f"{e.path}\0{e.size} {e.mtime_ns} {e.ctime_ns} {e.ino} {e.mode}" for e in files])
 
 
 def records_digest(text: str) -> str:
@@ -285,7 +292,7 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
     # By path: the order of the keys' records (``records_text``), which the ids follow.
-    files = sorted((e for e in listing.entries if e.kind == "f"), key=lambda e: e.path)
+    files = sorted((e for e in listing.entries if e.kind == "f"), key=_PATH)
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
     save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))
@@ -296,11 +303,15 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     os.replace(tmp, path)
 
 
+_PATH = attrgetter("path")
+
+
 def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry], others: int) -> None:
-    """Write the stat keys of a listing's ``files`` (its regular files), made at ``now_ns``;
-    the header also counts its ``others`` entries (links, special files), which have no keys."""
+    """Write the stat keys of a listing's ``files`` (its regular files, sorted by path),
+    made at ``now_ns``; the header also counts its ``others`` entries (links, special
+    files), which have no keys."""
     path = stat_keys_path(store, node)
-    records = records_text([(e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
+    records = _entries_records(files)
     header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others,
               "records_digest": records_digest(records)}
     text = json.dumps(records)
@@ -459,7 +470,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     entries = result.listing.entries
-                    files = [e for e in entries if e.kind == "f"]
+                    files = sorted((e for e in entries if e.kind == "f"), key=_PATH)
                     save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
                 elif head and result.keys is not None:
                     keep_stat_keys_packed(store, result.node, result.keys)
