@@ -789,7 +789,11 @@ def op_list(channel, request):
                 rel = record.split("\0", 1)[0]
                 try:
                     where = at_path(tree, rel)
-                    kind, size, st, oid, target = _row_of(where, lstat_at(where), want_oids, _WROTE.get(rel))
+                    st = lstat_at(where)
+                    if S_ISDIR(st.st_mode):  # a folder where the walk found a file: listed by neither
+                        raise AgentError("%s: changed while listed (a file swapped for a folder)"
+                                         % tree.full(rel), "remote")
+                    kind, size, st, oid, target = _row_of(where, st, want_oids, _WROTE.get(rel))
                 except FileNotFoundError:
                     vanished.add(rel)  # gone since walked: not listed
                     continue

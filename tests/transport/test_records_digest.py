@@ -159,3 +159,20 @@ def test_a_file_removed_before_it_is_read_is_gone_not_listed(site: Path, monkeyp
     reply = json.loads(channel.wfile.getvalue()[4:])
     assert (reply["entries"], reply["gone"], reply["same"]) == ([], ["pkg/m1.py"], len(FILES) - 1)
     assert "pkg/m1.py" not in channel.listed and len(channel.listed) == len(FILES) - 1
+
+
+def test_a_file_swapped_for_a_folder_before_it_is_read_fails_the_listing(site: Path, monkeypatch) -> None:
+    records = _records(site)
+    (site / "pkg/m2.py").write_text("value = 22\n")
+    real_check = agent._Records.all_found
+
+    def swap_then_check(self):
+        (site / "pkg/m2.py").unlink()
+        (site / "pkg/m2.py").mkdir()
+        (site / "pkg/m2.py/inner.py").write_text("inner = 1\n")
+        return real_check(self)
+
+    monkeypatch.setattr(agent._Records, "all_found", swap_then_check)
+    with pytest.raises(agent.AgentError) as failed:
+        _list(site, _frame(records), records_digest(records), _cache_time())
+    assert "pkg/m2.py: changed while listed" in str(failed.value)
