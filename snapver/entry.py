@@ -44,7 +44,7 @@ def pull_command(argv: Sequence[str]) -> tuple[str | None, list[str], bool] | No
             config = word[len("--config="):]
         elif word not in _GLOBAL_FLAGS:
             return None
-    if not words or words.pop(0) != "pull":
+    if config == "" or not words or words.pop(0) != "pull":  # Typer reads an empty path as "."
         return None
     targets: list[str] = []
     all_nodes = False

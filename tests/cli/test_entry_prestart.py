@@ -44,7 +44,7 @@ def test_the_pull_command_lines_it_reads(argv, parsed) -> None:
 @pytest.mark.parametrize("argv", [
     [], ["status"], ["diff", "ct200"], ["pull", "--help"], ["pull", "--tag", "v1", "ct200"], ["pull", "--", "ct200"],
     ["pull", "-mnote", "ct200"], ["--config"], ["--unknown", "pull", "ct200"], ["--version"], ["pull", "-m"],
-    ["ct200", "pull"],
+    ["ct200", "pull"], ["--config=", "pull", "ct200"], ["--config", "", "pull"],
 ])
 def test_any_other_command_line_begins_nothing(argv) -> None:
     assert entry.pull_command(argv) is None
