@@ -58,17 +58,34 @@ def _cache_time() -> int:
 
 def _list(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> dict:
     """The agent's ``list`` reply to a delta request whose keys are ``frame``."""
+    return _list_on(site, frame, digest, cache_time_ns)[0]
+
+
+def _list_on(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> tuple[dict, agent.Channel]:
+    """``_list``, and the channel it ran on (its ``listed`` paths)."""
     wire_in = io.BytesIO(struct.pack(">I", len(frame)) + frame)
     wire_out = io.BytesIO()
     request = {"op": "list", "paths": ["pkg"], "exclude": [], "cache_time_ns": cache_time_ns, "oids": True,
                "delta": True, "cache_frame": True, "site_packages": str(site)}
     if digest is not None:
         request.update(records_digest=digest, records=len(FILES))
-    agent.op_list(agent.Channel(wire_in, wire_out), request)
+    channel = agent.Channel(wire_in, wire_out)
+    agent.op_list(channel, request)
     data = wire_out.getvalue()
     (size,) = struct.unpack(">I", data[:4])
     body = data[4:]
-    return json.loads(zlib.decompress(body) if size & agent.SQUEEZED else body)
+    return json.loads(zlib.decompress(body) if size & agent.SQUEEZED else body), channel
+
+
+def _between_walk_and_reads(monkeypatch, change) -> None:
+    """Run ``change`` once the walk is done, before the files taken as unchanged are checked."""
+    real_check = agent._Records.all_found
+
+    def change_then_check(self):
+        change()
+        return real_check(self)
+
+    monkeypatch.setattr(agent._Records, "all_found", change_then_check)
 
 
 def _frame(records: str) -> bytes:
@@ -127,14 +144,12 @@ def test_a_folder_swapped_for_a_link_before_the_changed_files_are_read_is_never_
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "deep.py").write_text("secret = 1\n")
-    real_check = agent._Records.all_found
 
-    def swap_then_check(self):
+    def swap():
         os.rename(site / "pkg/sub", tmp_path / "moved")
         os.symlink(outside, site / "pkg/sub")
-        return real_check(self)
 
-    monkeypatch.setattr(agent._Records, "all_found", swap_then_check)
+    _between_walk_and_reads(monkeypatch, swap)
     with pytest.raises(agent.AgentError) as failed:
         _list(site, _frame(records), records_digest(records), _cache_time())
     assert "symlink" in str(failed.value) and "changed while listed" in str(failed.value)
@@ -143,20 +158,8 @@ def test_a_folder_swapped_for_a_link_before_the_changed_files_are_read_is_never_
 def test_a_file_removed_before_it_is_read_is_gone_not_listed(site: Path, monkeypatch) -> None:
     records = _records(site)
     (site / "pkg/m1.py").write_text("value = 11\n")
-    real_check = agent._Records.all_found
-
-    def remove_then_check(self):
-        (site / "pkg/m1.py").unlink()
-        return real_check(self)
-
-    monkeypatch.setattr(agent._Records, "all_found", remove_then_check)
-    frame = _frame(records)
-    wire_in = io.BytesIO(struct.pack(">I", len(frame)) + frame)
-    channel = agent.Channel(wire_in, io.BytesIO())
-    agent.op_list(channel, {"op": "list", "paths": ["pkg"], "exclude": [], "cache_time_ns": _cache_time(),
-                            "oids": True, "delta": True, "cache_frame": True, "site_packages": str(site),
-                            "records_digest": records_digest(records), "records": len(FILES)})
-    reply = json.loads(channel.wfile.getvalue()[4:])
+    _between_walk_and_reads(monkeypatch, (site / "pkg/m1.py").unlink)
+    reply, channel = _list_on(site, _frame(records), records_digest(records), _cache_time())
     assert (reply["entries"], reply["gone"], reply["same"]) == ([], ["pkg/m1.py"], len(FILES) - 1)
     assert "pkg/m1.py" not in channel.listed and len(channel.listed) == len(FILES) - 1
 
@@ -164,15 +167,13 @@ def test_a_file_removed_before_it_is_read_is_gone_not_listed(site: Path, monkeyp
 def test_a_file_swapped_for_a_folder_before_it_is_read_fails_the_listing(site: Path, monkeypatch) -> None:
     records = _records(site)
     (site / "pkg/m2.py").write_text("value = 22\n")
-    real_check = agent._Records.all_found
 
-    def swap_then_check(self):
+    def swap():
         (site / "pkg/m2.py").unlink()
         (site / "pkg/m2.py").mkdir()
         (site / "pkg/m2.py/inner.py").write_text("inner = 1\n")
-        return real_check(self)
 
-    monkeypatch.setattr(agent._Records, "all_found", swap_then_check)
+    _between_walk_and_reads(monkeypatch, swap)
     with pytest.raises(agent.AgentError) as failed:
         _list(site, _frame(records), records_digest(records), _cache_time())
     assert "pkg/m2.py: changed while listed" in str(failed.value)
