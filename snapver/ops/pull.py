@@ -18,8 +18,8 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from operator import attrgetter
 from datetime import datetime, timezone
+from operator import attrgetter
 from pathlib import Path
 from types import EllipsisType
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -100,6 +100,9 @@ def stat_cache_path(store: Store, node: str) -> Path:
     return store.path / "snapver" / "stat-cache" / f"{node}.json"
 
 
+_PATH = attrgetter("path")  # the order of a keys file's records, and of its cache's blob ids
+
+
 def stat_keys_path(store: Store, node: str) -> Path:
     """Beside the stat cache: its stat keys as the node's ``list`` takes them (one line of
     JSON naming the commit and time, then the keys' JSON text compressed with zlib), so a
@@ -119,16 +122,19 @@ def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     return json.dumps(records_text(keys))
 
 
+# A file's record: "path NUL size mtime_ns ctime_ns ino mode" (the agent's op_list spells it alike).
+STAT_RECORD = "%s\0%d %d %d %d %d"
+
+
 def records_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
     """The records of ``stat_keys_text``, sorted, as one string."""
-    return "\0\0".join(sorted([f"{path}\0{size} {mtime} {ctime} {ino} {mode}"
-                                for path, size, mtime, ctime, ino, mode in keys]))
+    return "\0\0".join(sorted([STAT_RECORD % key for key in keys]))
 
 
 def _entries_records(files: list[StatEntry]) -> str:
     """``records_text`` of files already sorted by path (a record sorts as its path: NUL
     sorts before any character a path holds), made from the entries straight."""
-    return "\0\0".join([f"{e.path}\0{e.size} {e.mtime_ns} {e.ctime_ns} {e.ino} {e.mode}" for e in files])
+    return "\0\0".join([STAT_RECORD % (e.path, e.size, e.mtime_ns, e.ctime_ns, e.ino, e.mode) for e in files])
 
 
 def records_digest(text: str) -> str:
@@ -291,7 +297,6 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
     """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
-    # By path: the order of the keys' records (``records_text``), which the ids follow.
     files = sorted((e for e in listing.entries if e.kind == "f"), key=_PATH)
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
@@ -301,9 +306,6 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
                               separators=(",", ":")))
     os.replace(tmp, path)
-
-
-_PATH = attrgetter("path")
 
 
 def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry], others: int) -> None:
