@@ -656,6 +656,11 @@ def _row_of(where, st, oid_wanted, expect=None):
     return "s", len(text), st, blob_id(text), None
 
 
+def _listing_row(rel, kind, size, st, oid, target):
+    """A listing's row of a path: kind, mode, size, times, inode, blob id, link target."""
+    return [rel, kind, st.st_mode, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target]
+
+
 def _unpacked_cache(frame):
     """The cache of a ``cache_frame``; one the client's store holds damaged is no cache
     (every file is hashed, and the client, unable to read it either, trusts none)."""
@@ -720,18 +725,17 @@ def op_list(channel, request):
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
     delta = bool(request.get("delta"))
+    records = None
     if request.get("cache_frame"):  # the cache follows as its JSON text, compressed as the client keeps it
         frame = channel.recv_frame()
-        digest = request.get("records_digest")
-        count = request.get("records")
-        cache = (_Records(frame, digest, count) if delta and isinstance(digest, str) and isinstance(count, int)
-                 else _unpacked_cache(frame))
+        digest, count = request.get("records_digest"), request.get("records")
+        if delta and isinstance(digest, str) and isinstance(count, int):
+            records, cache = _Records(frame, digest, count), {}
+        else:
+            cache = _unpacked_cache(frame)
     racy_after = int(request.get("cache_time_ns") or 0) - 2 * 10**9
     want_oids = request.get("oids", True)
-    records = None
-    if isinstance(cache, _Records):
-        records, cache = cache, {}
-    elif isinstance(cache, str):
+    if isinstance(cache, str):
         records = set(cache.split("\0\0")) if delta else None
         cache = {}
     now_ns = time.time_ns()
@@ -776,7 +780,7 @@ def op_list(channel, request):
             else:
                 kind, size, target = "f", st.st_size, None
             listed.append(rel)
-            entries.append([rel, kind, st.st_mode, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+            entries.append(_listing_row(rel, kind, size, st, oid, target))
         if isinstance(records, _Records) and not records.all_found():
             # Some record is not the client's: each file taken as unchanged is looked up in
             # the decoded records now, and one that is not there is listed as the loop would
@@ -802,7 +806,7 @@ def op_list(channel, request):
                 except PermissionError:
                     raise AgentError("%s: permission denied" % tree.full(rel), "path")
                 hashed += kind == "f" and oid is not None
-                entries.append([rel, kind, st.st_mode, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, oid, target])
+                entries.append(_listing_row(rel, kind, size, st, oid, target))
             if vanished:
                 listed = [rel for rel in listed if rel not in vanished]
     finally:
