@@ -239,7 +239,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
         if not isinstance(table, dict):
             raise fail(f"nodes.{name}", "expected a table")
         if not valid_node_name(name):
-            raise fail(f"nodes.{name}", "a node name is letters, digits, '.', '_' or '-' (at most 100)")
+            raise fail(f"nodes.{name}", f"a node name is letters, digits, '.', '_' or '-' (at most {MAX_NAME_LENGTH})")
         prefix = f"nodes.{name}."
         _check_keys(table, set(_NODE_KEYS), prefix, fail)
         _check_types(table, prefix, fail)
@@ -250,7 +250,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     for name, members in _table(data, "groups", fail).items():
         key = f"groups.{name}"
         if not valid_node_name(name):
-            raise fail(key, "a group name is letters, digits, '.', '_' or '-' (at most 100)")
+            raise fail(key, f"a group name is letters, digits, '.', '_' or '-' (at most {MAX_NAME_LENGTH})")
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members) or not members:
             raise fail(key, "expected a non-empty list of node names")
         if name in nodes:
