@@ -12,7 +12,7 @@ file is edited on the node. Interleaved, each round:
 
 rsync compares against a local copy of the tree as it was before the edit (cp -a, so
 times match). Every run's output is checked: each must find exactly the one file.
-Issue 3's bar: median `diff -q` at most 2.0x `rsync -anc`.
+The bar: median `diff -q` at most 2.0x `rsync -anc`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Two interleaved series (not part of the test suite):
   first pull     snapver pull into a fresh store  vs  rsync -a / scp -r into a fresh folder
   unchanged      snapver pull with nothing changed  vs  an rsync -a re-run onto its copy
-Issue 2's bars: both median ratios against rsync -a at most 3x.
+The bars: both median ratios against rsync -a at most 3x.
 """
 
 from __future__ import annotations

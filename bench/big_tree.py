@@ -2,7 +2,7 @@
 
     python3 bench/big_tree.py [--runs N] [--keep] [--node-home clean|root] [--skip-store]
 
-Issue 15's bench. The ``torch/`` tree of the real PyTorch 2.14.1 wheel (12,016 files,
+The ``torch/`` tree of the real PyTorch 2.14.1 wheel (12,016 files,
 1.14 GB; ``libtorch_cuda.so`` 503 MB and ``libtorch_cpu.so`` 446 MB are most of it) is
 unpacked into a node's venv behind a loopback OpenSSH server (``common.bench_env``, as
 ``suite.py`` does). The wheel is fetched with ``pip download --no-deps torch==2.14.1``

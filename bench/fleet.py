@@ -4,9 +4,9 @@
     python3 bench/fleet.py --status [--baseline REV] [--runs N]
 
 With ``--status``: the fleet is pulled once (untimed), then `snapver status --json` of
-all 16 nodes is timed (the RECORD comparison of issue 13 included), interleaved with the
+all 16 nodes is timed (the RECORD comparison included), interleaved with the
 same command run by the snapver of git revision REV (``git archive``, e.g. ``main``):
-the ratio of the medians is issue 13's bar (<= 1.2x). One extra status runs first with
+the ratio of the medians is the bar (<= 1.2x). One extra status runs first with
 this tree's snapver (reported apart, once: it reads the 16 RECORDs and hashes the store's
 blobs once) so that the timed ones find the store's caches as any later status does.
 
@@ -32,7 +32,7 @@ Reported: wall time (median), bytes on the wire and fetched bytes from snapver's
 received; summed over nodes), rsync's own `--stats` byte counts (protocol bytes, both
 ways), peak client memory, the client's own CPU (user + sys of the command and the
 children it waited for: resource.getrusage(RUSAGE_CHILDREN) around the run), and the
-ratios: the fleet pull against one node's pull (issue 15's bars: client CPU <= 1.5x,
+ratios: the fleet pull against one node's pull (the bars: client CPU <= 1.5x,
 bytes <= 1.05x; the wall time is reported, no longer a bar: on this 2-core machine the
 16 nodes share the client's cores), and against 16 rsyncs. Timed snapver runs
 get SNAPVER_AUTO_GC=0. The nodes are processes on this machine: their hashing competes
@@ -59,8 +59,8 @@ from common import BenchEnv, Case, add_node_home_option, baseline_env, bench_env
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
-# Issue 15's bars for the fleet pull against one node's: the client's own CPU (user + sys of
-# the snapver process and the git it waits for) and the bytes. Issue 5's wall bar (<= 2x) is
+# The bars for the fleet pull against one node's: the client's own CPU (user + sys of
+# the snapver process and the git it waits for) and the bytes. The old wall bar (<= 2x) is
 # reported, no longer a bar: on 2 cores the 16 nodes' sshd and agents share the client's
 # cores, so the wall time measures this machine, not what snapver controls.
 CPU_BAR = 1.5
@@ -331,7 +331,7 @@ def print_report(summary: dict[str, Any]) -> None:
     print("\nratios (medians):")
     for name, value in summary["ratios"].items():
         print(f"  {name:<48} {value:>7.2f}x")
-    print("\nbars (issue 15: client CPU and bytes; the wall ratio above is reported, not a bar on 2 cores):")
+    print("\nbars (client CPU and bytes; the wall ratio above is reported, not a bar on 2 cores):")
     for bar in summary["bars"]:
         print(f"  {bar['ratio']:<48} {bar['value']:>7.2f}x  bar {bar['bar']:<6} {'met' if bar['met'] else 'NOT MET'}")
     print("\nlast `snapver pull --all`, per node (files fetched, bytes fetched, wire bytes, seconds):")

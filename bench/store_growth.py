@@ -7,7 +7,7 @@ hard-link copies of one unpacked wheel; each round edits one file on every node 
 different file per node, as hot-fixes are) and pulls them all. After the rounds the
 store is compacted as a pull would trigger it (``snapver.store.gc.compact``), and its
 size is compared with one tree committed by plain git and packed by ``git gc``.
-Issue 5's bar: at most 1.2x.
+The bar: at most 1.2x.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The snapver benchmark suite: every scenario of issue 5, over loopback and over 20 ms of RTT.
+"""The snapver benchmark suite: every scenario, over loopback and over 20 ms of RTT.
 
     python3 bench/suite.py [--runs N] [--slow-runs M] [--json] [--scenario NAME ...]
                            [--rtt-only | --loopback-only] [--keep]
@@ -62,7 +62,7 @@ PUSHED = ("sglang/srt/speculative/dflash_worker_v2.py",
 PROXY_DELAY_MS = 10.0
 PERSIST = "snapver (persistent)"
 
-# Issue 5's bars: (scenario, network, numerator, denominator, op, limit)
+# The bars: (scenario, network, numerator, denominator, op, limit)
 BARS = [
     ("first-pull", "loopback", "snapver", "rsync -a", "<=", 1.5),
     ("re-pull", "loopback", "snapver", "rsync -a", "<=", 2.0),
@@ -653,7 +653,7 @@ def main() -> int:
     for note in notes:
         print(f"  note: {note}: " + ", ".join(f"{r.scenario}/{r.network}/{r.tool}" for r in rows if r.note == note))
     if verdicts:
-        print("\nissue 5 bars (median ratios):")
+        print("\nbars (median ratios):")
         for v in verdicts:
             print(f"  {v['scenario']:<11} {v['network']:<8} {v['ratio']:<28} {v['value']:>7.2f}  "
                   f"bar {v['bar']:<6} {'met' if v['met'] else 'NOT MET'}")
