@@ -269,6 +269,50 @@ while not os.path.exists(stop):
     assert 0 in codes or 3 in codes
 
 
+def test_a_file_swapped_for_a_link_while_it_streams_is_never_followed(make_site_packages, write_config, ssh_node,
+                                                                    tmp_path, isolated_env):
+    """A 6 MiB file is swapped for a link to a root-only file while the node's agent (paused
+    by its test hook after the first piece) streams it: the agent sees the file change and
+    opens the path again, which is a link now; it is never followed. The pull fails naming
+    the file or records what the path is; the root-only content never reaches the store."""
+    big = f"{SRT}/lib/big.so"
+    site = make_site_packages("ct200", files={f"{SRT}/a.py": "a = 1\n"})
+    (site / big).parent.mkdir(parents=True)
+    (site / big).write_bytes(os.urandom(6 << 20))
+    os.utime(site / big, (time.time() - 60,) * 2)  # settled: streamed at once
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    secret_data = b"root's secret " + os.urandom(16).hex().encode() + b"\n"
+    (secret / "big.so").write_bytes(secret_data)
+    secret_id = hashlib.sha1(b"blob %d\0" % len(secret_data) + secret_data).hexdigest()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    python = tmp_path / "python"  # the node's python, with the agent's streaming hook turned on
+    python.write_text(f"#!/bin/sh\nSNAPVER_TEST_STREAMED_HOOK='{hook}' exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    write_config({"ct200": ssh_node("ct200", site, python=str(python))})
+    pull = start("pull", "ct200")
+    try:
+        wait_for(lambda: (hook / "streamed-1").exists() or pull.poll() is not None, 60, "the big file to stream")
+        os.rename(site / big, site / f"{big}.real")
+        os.symlink(secret / "big.so", site / big)
+        while pull.poll() is None:  # let every further read of it go on
+            for started in hook.glob("streamed-*"):
+                (hook / started.name.replace("streamed", "go")).touch()
+            time.sleep(0.01)
+        _, err = pull.communicate(timeout=60)
+    finally:
+        pull.kill()
+        pull.wait()
+    err_text = err.decode(errors="replace")
+    assert pull.returncode in (0, 3) and "Traceback" not in err_text, err_text
+    if pull.returncode == 3:
+        assert big in err_text, err_text
+    present = subprocess.run(["git", "--git-dir", str(isolated_env / "snapshots"), "cat-file", "-e", secret_id],
+                             capture_output=True)
+    assert present.returncode != 0, f"the root-only file reached the store: {err_text}"
+
+
 @pytest.mark.parametrize("how", ["local", "ssh"])
 def test_a_folder_swapped_for_a_link_after_listing_is_never_read(make_site_packages, local_node, ssh_node, tmp_path,
                                                                  how):
