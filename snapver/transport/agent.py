@@ -293,10 +293,15 @@ def readlink_at(where):
 
 def open_file_at(where):
     """A descriptor of a regular file, opened without following a link or blocking."""
-    if isinstance(where, At):
-        fd = os.open(where.name, FILE_FLAGS, dir_fd=where.dir_fd)
-    else:
-        fd = os.open(where, FILE_FLAGS)
+    try:
+        if isinstance(where, At):
+            fd = os.open(where.name, FILE_FLAGS, dir_fd=where.dir_fd)
+        else:
+            fd = os.open(where, FILE_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link put in the file's place since its lstat
+            raise NotRegular(str(where))
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise NotRegular(str(where))

@@ -52,6 +52,11 @@ while time.monotonic() < deadline:
         elif action == "swap":  # folder -> folder.old, and a link in its place
             os.rename(sys.argv[3], sys.argv[3] + ".old")
             os.symlink(sys.argv[4], sys.argv[3])
+        elif action == "rewrite":  # in place, same size, its mtime put back: only its ctime moves
+            before = os.stat(sys.argv[3])
+            with open(sys.argv[3], "r+b") as handle:
+                handle.write(sys.argv[4].encode())
+            os.utime(sys.argv[3], ns=(before.st_atime_ns, before.st_mtime_ns))
         print("done", flush=True)
         sys.exit(0)
     time.sleep(0.001)
@@ -133,6 +138,39 @@ def test_a_hand_edit_made_while_a_push_streams_is_never_erased(node, run_snapver
     assert (node / UTILS).read_bytes() == b"x = 1\n# HOT-FIX\n"
     assert not (node / BIG).exists() and not leftovers(node)
     assert records(isolated_env / "snapshots", "ct200")[0]["state"] == "rolled-back"
+
+
+def test_an_edit_keeping_size_and_mtime_made_while_a_push_streams_is_never_erased(node, run_snapver, isolated_env):
+    """The hot-fix rewrites the file in place with as many bytes and puts its mtime back
+    (as `cp -p` or an editor that keeps times would) while a 40 MB file streams: only its
+    ctime moved, which the compare-and-swap at the rename sees; the push writes nothing."""
+    make_patch(run_snapver, "big", {UTILS: b"x = 2\n", BIG: os.urandom(40 << 20)})
+    racer = start_racer(str(node / f"{SRT}/zz"), "rewrite", str(node / UTILS), "x = 9\n")
+    result = run_snapver("push", "big", "ct200", "--yes")
+    assert racer.wait(timeout=60) == 0, racer.communicate()
+    assert result.code == 1, result
+    assert "changed while the push was writing" in result.err and UTILS in result.err, result
+    assert (node / UTILS).read_bytes() == b"x = 9\n"
+    assert not (node / BIG).exists() and not leftovers(node)
+
+
+def test_a_conflict_met_at_the_rename_stops_the_rest_of_the_node_commit(node, run_snapver, isolated_env):
+    """a.py is hand-edited while the push streams; it is the first path the node commits:
+    the push stops there and never renames b.py or the big file into place (b.py keeps its
+    inode and times: it was not written and then undone), and says which file changed."""
+    make_patch(run_snapver, "three", {A: b"a = 2\n", B: b"b = 2\n", BIG: os.urandom(40 << 20)})
+    untouched = os.lstat(node / B)
+    racer = start_racer(str(node / f"{SRT}/zz"), "append", str(node / A), "# HOT-FIX\n")
+    result = run_snapver("push", "three", "ct200", "--yes")
+    assert racer.wait(timeout=60) == 0, racer.communicate()
+    assert result.code == 1, result
+    assert "changed while the push was writing" in result.err and A in result.err, result
+    assert (node / A).read_bytes() == b"a = 1\n# HOT-FIX\n"
+    now = os.lstat(node / B)
+    assert (now.st_ino, now.st_mtime_ns, now.st_ctime_ns) == (
+        untouched.st_ino, untouched.st_mtime_ns, untouched.st_ctime_ns), "b.py was written after the conflict"
+    assert (node / B).read_bytes() == BASE[B]
+    assert not (node / BIG).exists() and not leftovers(node)
 
 
 def test_two_stores_pushing_to_one_node_at_once_never_lose_a_patch(make_site_packages, write_config, ssh_node,
@@ -229,6 +267,50 @@ while not os.path.exists(stop):
     present = subprocess.run(["git", "--git-dir", str(store), "cat-file", "-e", secret_id], capture_output=True)
     assert present.returncode != 0, f"the root-only file reached the store (pull codes {codes})"
     assert 0 in codes or 3 in codes
+
+
+def test_a_file_swapped_for_a_link_while_it_streams_is_never_followed(make_site_packages, write_config, ssh_node,
+                                                                    tmp_path, isolated_env):
+    """A 6 MiB file is swapped for a link to a root-only file while the node's agent (paused
+    by its test hook after the first piece) streams it: the agent sees the file change and
+    opens the path again, which is a link now; it is never followed. The pull fails naming
+    the file or records what the path is; the root-only content never reaches the store."""
+    big = f"{SRT}/lib/big.so"
+    site = make_site_packages("ct200", files={f"{SRT}/a.py": "a = 1\n"})
+    (site / big).parent.mkdir(parents=True)
+    (site / big).write_bytes(os.urandom(6 << 20))
+    os.utime(site / big, (time.time() - 60,) * 2)  # settled: streamed at once
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    secret_data = b"root's secret " + os.urandom(16).hex().encode() + b"\n"
+    (secret / "big.so").write_bytes(secret_data)
+    secret_id = hashlib.sha1(b"blob %d\0" % len(secret_data) + secret_data).hexdigest()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    python = tmp_path / "python"  # the node's python, with the agent's streaming hook turned on
+    python.write_text(f"#!/bin/sh\nSNAPVER_TEST_STREAMED_HOOK='{hook}' exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    write_config({"ct200": ssh_node("ct200", site, python=str(python))})
+    pull = start("pull", "ct200")
+    try:
+        wait_for(lambda: (hook / "streamed-1").exists() or pull.poll() is not None, 60, "the big file to stream")
+        os.rename(site / big, site / f"{big}.real")
+        os.symlink(secret / "big.so", site / big)
+        while pull.poll() is None:  # let every further read of it go on
+            for started in hook.glob("streamed-*"):
+                (hook / started.name.replace("streamed", "go")).touch()
+            time.sleep(0.01)
+        _, err = pull.communicate(timeout=60)
+    finally:
+        pull.kill()
+        pull.wait()
+    err_text = err.decode(errors="replace")
+    assert pull.returncode in (0, 3) and "Traceback" not in err_text, err_text
+    if pull.returncode == 3:
+        assert big in err_text, err_text
+    present = subprocess.run(["git", "--git-dir", str(isolated_env / "snapshots"), "cat-file", "-e", secret_id],
+                             capture_output=True)
+    assert present.returncode != 0, f"the root-only file reached the store: {err_text}"
 
 
 @pytest.mark.parametrize("how", ["local", "ssh"])

@@ -85,6 +85,40 @@ def test_python_that_does_not_compile_is_refused_with_line_and_message(node: Pat
     assert [b["path"] for b in json.loads(dry.out)["broken"]] == [MOD]
 
 
+def test_a_forced_file_that_does_not_compile_is_still_refused(node: Path, run_snapver, tmp_path: Path) -> None:
+    """The node's file was hot-fixed (a conflict), so `--force` is what writes it: forcing
+    overrides the conflict, never the compile check; only `--allow-broken` lets it land."""
+    run = lambda *a: run_snapver(*a, cwd=tmp_path)  # noqa: E731
+    assert run("pull", "ct200").code == 0
+    (tmp_path / "bad.diff").write_text(diff(MOD, "x = 1", "def f(:"))
+    assert run("patch", "import", "bad", "bad.diff", "--base", "ct200", "--nodes", "ct200").code == 0
+    (node / MOD).write_text("x = 9\n")  # hot-fixed by hand: neither the base nor the patch
+    refused = run("push", "bad", "ct200", "--yes", "--force")
+    assert refused.code == 1, refused
+    assert f"{MOD}:1: SyntaxError: " in refused.err and "(on ct200's Python)" in refused.err, refused
+    assert (node / MOD).read_text() == "x = 9\n"
+    assert not records(tmp_path / "snapshots", "ct200")
+    pushed = run("push", "bad", "ct200", "--yes", "--force", "--allow-broken")
+    assert pushed.code == 0, pushed
+    assert (node / MOD).read_text() == "def f(:\n"
+    assert records(tmp_path / "snapshots", "ct200")[0]["allow_broken"] is True
+
+
+def test_a_lone_rst_underline_in_a_docstring_is_no_conflict_marker(node: Path, run_snapver, tmp_path: Path) -> None:
+    """A docstring title underlined with exactly seven `=` is a reStructuredText heading, not
+    a merge conflict: `patch import` does not warn and the push writes it. (Only a set of
+    `<<<<<<<` / `=======` / `>>>>>>>` lines is refused.)"""
+    run = lambda *a: run_snapver(*a, cwd=tmp_path)  # noqa: E731
+    assert run("pull", "ct200").code == 0
+    new = '"""\n+Summary\n+=======\n+\n+Fast paths.\n+"""\n+x = 2'
+    (tmp_path / "doc.diff").write_text(f"--- a/{MOD}\n+++ b/{MOD}\n@@ -1 +1,7 @@\n-x = 1\n+{new}\n")
+    imported = run("patch", "import", "doc", "doc.diff", "--base", "ct200", "--nodes", "ct200")
+    assert imported.code == 0 and "warning" not in imported.err, imported
+    pushed = run("push", "doc", "ct200", "--yes")
+    assert pushed.code == 0, pushed
+    assert (node / MOD).read_text() == '"""\nSummary\n=======\n\nFast paths.\n"""\nx = 2\n'
+
+
 def test_the_node_python_decides(sshd, ssh_node, make_site_packages, write_config, run_snapver,
                                  tmp_path: Path) -> None:
     """`match` compiles here (3.11) but not on a 3.8 node: the node's Python is the judge."""

@@ -160,6 +160,50 @@ def test_stat_keys_of_another_cache_are_not_trusted_with_it(ssh_pulled) -> None:
     assert result.code == 0 and "unchanged since" in result.out, result
 
 
+def _set_cache_time(store: Store, now_ns: int) -> None:
+    """Give the keys file and the stat cache (written together) the time ``now_ns``."""
+    header, text = _keys_file(store)
+    _write_keys_file(store, {**header, "now_ns": now_ns}, text)
+    cache_file = stat_cache_path(store, "ct200")
+    cache_file.write_text(json.dumps({**json.loads(cache_file.read_text()), "now_ns": now_ns}))
+
+
+def _as_rows_without_keys(store: Store, now_ns: int) -> None:
+    """Turn the cache into one an older snapver wrote (whole rows, no keys file), of time ``now_ns``."""
+    keys = parse_stat_keys(_keys_file(store)[1])
+    cache_file = stat_cache_path(store, "ct200")
+    cache = json.loads(cache_file.read_text())
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": now_ns, "entries": rows}))
+    stat_keys_path(store, "ct200").unlink()
+
+
+@pytest.mark.parametrize("cache_form", ["keys", "rows"])
+def test_an_edit_in_the_tick_of_the_pull_keeping_size_and_mtime_is_rehashed(ssh_pulled, cache_form: str) -> None:
+    """On a file system with coarse (whole-second) times, an edit made in the same tick as
+    the pull that hashed the file leaves the stat the cache records, next to the id of the
+    content before it. The edit put the mtime back (old), but the ctime is within 2 s of
+    the cache's time: racy, so the node hashes the file again and `diff -q` sees the truth
+    (with the stat keys a re-pull sends, and with an older cache of whole rows)."""
+    config, store = ssh_pulled
+    path = "sglang/srt/m4.py"
+    target = Path(load_config(str(config)).node("ct200").site_packages) / path
+    id_before = _cached_ids(store)[path]
+    before = target.stat()
+    target.write_text("value = 5\n")  # same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "1 changed" in result.out, result
+    # The keys now hold the edited file's stat; the cache is given the id from before the
+    # edit and a time 1 s after it, as a pull hashing the file just before it would have made.
+    _forge_cached_id(store, path, id_before)
+    _set_cache_time(store, target.stat().st_ctime_ns + 10**9)
+    if cache_form == "rows":
+        _as_rows_without_keys(store, target.stat().st_ctime_ns + 10**9)
+    result = run_inproc("--config", config, "diff", "-q", "ct200")
+    assert result.code == 0, result
+
+
 def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) -> None:
     """A cache an older snapver wrote holds whole rows and has no keys file; an unchanged
     re-pull trusts it (the node hashes nothing), leaves it as it is, and writes its keys,

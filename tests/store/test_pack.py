@@ -12,7 +12,8 @@ import pytest
 
 from helpers import git_blob
 
-from snapver.store.pack import BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, object_id, stored_zlib
+from snapver.store.pack import (BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, _index_bytes, object_id,
+                                 stored_zlib)
 from snapver.store.repo import Store, blob_oid
 
 
@@ -82,3 +83,30 @@ def test_stored_zlib_streams_inflate_to_the_data(size: int) -> None:
     stream = b"".join(stored_zlib(data))
     assert zlib.decompress(stream) == data
     assert len(stream) == 2 + 5 * max(1, -(-size // 65535)) + size + 4  # stored: nothing compressed
+
+
+def test_offsets_past_2_gib_go_to_the_large_offset_table_as_git_reads_it(tmp_path: Path) -> None:
+    """A pack over 2 GiB (a store holding big .so files): the index's 4-byte offsets hold
+    only those under 2^31; each later one is the MSB and its position in the table of 8-byte
+    offsets (idx v2). Git's own reader (`git show-index`) gives every offset back; no 2 GiB
+    file is needed to write the index."""
+    offsets = [12, 0x7FFFFFFF, 0x80000000, 5 << 30, (1 << 40) + 7, 0xFFFFFFFF]
+    entries = [(hashlib.sha1(b"%d" % i).digest(), 0x1000 + i, offset) for i, offset in enumerate(offsets)]
+    index = _index_bytes(entries, b"\x11" * 20)
+    shown = subprocess.run(["git", "show-index", "--object-format=sha1"], input=index, capture_output=True,
+                           cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr.decode()
+    read = {}
+    for line in shown.stdout.decode().splitlines():
+        offset, oid, crc = line.split()
+        read[oid] = (int(offset), int(crc.strip("()"), 16))
+    assert read == {oid.hex(): (offset, crc) for oid, crc, offset in entries}
+    # The layout itself, by the format's rule: after the header, fan-out, ids and CRCs.
+    ordered = sorted(entries)
+    small = 8 + 256 * 4 + len(entries) * (20 + 4)
+    words = [int.from_bytes(index[small + 4 * i:small + 4 * i + 4], "big") for i in range(len(entries))]
+    large = [offset for _, _, offset in ordered if offset >= 1 << 31]
+    assert [w for w in words if w < 1 << 31] == [offset for _, _, offset in ordered if offset < 1 << 31]
+    assert [w & 0x7FFFFFFF for w in words if w >= 1 << 31] == list(range(len(large)))
+    table = small + 4 * len(entries)
+    assert [int.from_bytes(index[table + 8 * i:table + 8 * i + 8], "big") for i in range(len(large))] == large

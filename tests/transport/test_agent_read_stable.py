@@ -88,6 +88,24 @@ def test_hashing_a_file_as_listed_gives_its_git_blob_id(agent: ModuleType, tmp_p
         assert agent.hash_stable(str(path), os.lstat(path), "sha256")[0] == hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.parametrize("how", ["read", "hash"])
+def test_a_file_swapped_for_a_link_after_its_lstat_is_never_followed(agent: ModuleType, tmp_path: Path,
+                                                                     how: str) -> None:
+    """Listed (lstat) as a regular file, a link to a root-only file by the time it is opened:
+    the read (pull) and the hash (push's check and its compare-and-swap at the rename) fail
+    on that file and never take the linked file's content or id."""
+    secret = tmp_path / "root-only"
+    secret.write_bytes(b"root's secret\n")
+    path = tmp_path / "x.py"
+    path.write_bytes(b"public = 1\n")
+    listed = os.lstat(path)
+    path.unlink()
+    path.symlink_to(secret)
+    taken = agent.read_stable if how == "read" else agent.hash_stable
+    with pytest.raises(OSError):
+        taken(str(path), listed)
+
+
 class ShortReads:
     """Stands in for the agent's ``os``: read() gives at most 1000 bytes, readv() 700."""
 
