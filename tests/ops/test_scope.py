@@ -1,0 +1,104 @@
+"""A snapshot records the scope it observed (tracked paths and exclude patterns); a
+comparison or a restore covers only what both sides observed, and says what it left out.
+
+The scenario is the one a user met: snapshot A taken with ``*.so`` excluded, then ``*.so``
+removed from ``exclude``; ``rollback --to A`` and ``diff A NODE`` must leave the compiled
+extensions alone. Real sshd nodes; the node's files are checked with the test's own hashing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from helpers import tree_hashes
+from snapver_inproc import run_inproc
+
+SRT = "sglang/srt"
+EXTENSIONS = {f"{SRT}/kernels/k{i}.cpython-312-x86_64-linux-gnu.so": bytes([i]) * 64 + b"\0ELF" for i in range(7)}
+WITH_SO_EXCLUDED = ["__pycache__/", "*.pyc", "*.so"]
+
+
+def git(store: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(store), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def snapshot_meta(store: Path, rev: str) -> dict:
+    body = git(store, "log", "-1", "--format=%B", rev)
+    (line,) = [line for line in body.splitlines() if line.startswith("snapver-meta: ")]
+    return json.loads(line[len("snapver-meta: "):])
+
+
+def taken_with_so_excluded(make_site_packages, write_config, ssh_node) -> tuple[Path, Path]:
+    """Snapshot ``A`` of ct200 taken with ``*.so`` excluded; then the config stops excluding them."""
+    site = make_site_packages("ct200", files={f"{SRT}/__init__.py": "", f"{SRT}/a.py": "a = 1\n", **EXTENSIONS})
+    config = write_config({"ct200": ssh_node("ct200", site, exclude=WITH_SO_EXCLUDED)})
+    pulled = run_inproc("--config", config, "pull", "ct200", "--tag", "A")
+    assert pulled.code == 0, pulled
+    write_config({"ct200": ssh_node("ct200", site)})  # the default exclude: *.so tracked from now on
+    return site, config
+
+
+def test_a_snapshot_records_the_paths_and_exclude_it_was_taken_with(make_site_packages, write_config, ssh_node,
+                                                                     tmp_path: Path) -> None:
+    taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    meta = snapshot_meta(Path.cwd() / "snapshots", "refs/tags/A")
+    assert meta["paths"] == [SRT] and meta["exclude"] == WITH_SO_EXCLUDED
+
+
+def test_rollback_to_a_snapshot_leaves_alone_what_it_only_excluded(make_site_packages, write_config,
+                                                                    ssh_node) -> None:
+    site, config = taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    (site / SRT / "a.py").write_text("a = 'hot-fixed'\n")
+    (site / SRT / "b.py").write_text("b = 1\n")  # added since A, inside what A observed
+    before = tree_hashes(site)
+
+    planned = run_inproc("--config", config, "rollback", "ct200", "--to", "A", "--dry-run")
+    assert planned.code == 0, planned
+    assert "left alone: 7 files excluded when A" in planned.out + planned.err, planned
+
+    result = run_inproc("--config", config, "rollback", "ct200", "--to", "A", "--yes")
+    assert result.code == 0, result
+    after = tree_hashes(site)
+    for path in EXTENSIONS:
+        assert after[path] == before[path], f"{path} was changed by a rollback to a snapshot that excluded it"
+    assert (site / SRT / "a.py").read_text() == "a = 1\n"
+    assert not (site / SRT / "b.py").exists()
+
+
+def test_diff_of_a_snapshot_and_a_node_says_what_it_did_not_compare(make_site_packages, write_config,
+                                                                     ssh_node) -> None:
+    site, config = taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    same = run_inproc("--config", config, "diff", "A", "ct200", "--name-status")
+    assert same.code == 0 and same.out == "", same
+    assert "not compared: 7 files excluded when A" in same.err, same
+
+    (site / SRT / "a.py").write_text("a = 2\n")
+    changed = run_inproc("--config", config, "diff", "A", "ct200", "--name-status")
+    assert changed.code == 1 and changed.out == f"M\t{SRT}/a.py\n", changed
+
+    document = json.loads(run_inproc("--config", config, "diff", "A", "ct200", "--json").out)
+    assert [c["path"] for c in document["changes"]] == [f"{SRT}/a.py"]
+    assert document["not_compared"]["count"] == 7
+    assert sorted(document["not_compared"]["paths"]) == sorted(EXTENSIONS)
+
+
+def test_a_snapshot_taken_with_more_tracked_is_compared_only_where_the_node_looks_now(
+        make_site_packages, write_config, ssh_node) -> None:
+    """The other way round: A held the .so files, the config now excludes them."""
+    site = make_site_packages("ct200", files={f"{SRT}/a.py": "a = 1\n", **EXTENSIONS})
+    config = write_config({"ct200": ssh_node("ct200", site)})
+    assert run_inproc("--config", config, "pull", "ct200", "--tag", "A").code == 0
+    write_config({"ct200": ssh_node("ct200", site, exclude=WITH_SO_EXCLUDED)})
+    (site / SRT / "kernels" / "k0.cpython-312-x86_64-linux-gnu.so").write_bytes(b"rebuilt")
+    before = tree_hashes(site)
+
+    result = run_inproc("--config", config, "diff", "A", "ct200", "--name-status")
+    assert result.code == 0 and result.out == "", result  # not D: the node's listing leaves them out
+    assert "not compared: 7 files excluded by ct200" in result.err, result
+
+    rolled = run_inproc("--config", config, "rollback", "ct200", "--to", "A", "--yes")
+    assert rolled.code == 0, rolled
+    assert tree_hashes(site) == before  # nothing outside what ct200 tracks now was written
