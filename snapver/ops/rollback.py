@@ -17,7 +17,7 @@ from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.plan import MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, \
     first_of, last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
-from snapver.ops.scope import commit_scope, left_out, node_scope, unrecorded_note
+from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
@@ -83,7 +83,8 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
                   force: bool = False) -> RollbackPlan:
     """Plan the rollback: without ``to``, undo the node's last push (only the files it
     wrote, each only while it still holds what the push wrote, unless ``force``); with
-    ``to``, what makes the node exactly that snapshot."""
+    ``to``, what makes the node exactly that snapshot, over the paths both it and the
+    node's config observe (see ``_outside_both_scopes``)."""
     from snapver.ops.pull import list_live
 
     spec = config.node(node)
@@ -132,6 +133,10 @@ def _outside_both_scopes(store: Store, config: Config, plan: RollbackPlan, to: s
     if not taken.recorded:
         plan.node.notes.append(unrecorded_note(label, taken))
     found = left_out(live, wanted, taken, now, f"when {label} was taken", f"by {spec.name}'s config now")
+    dropped = {path for out in found for path in out.paths}
+    unsure = maybe_excluded(wanted, (path for path in live if path not in wanted and path not in dropped), taken,
+                            f"when {label} was taken, perhaps")
+    found += [unsure] if unsure is not None else []
     plan.node.notes += [out.note("left alone") for out in found]
     return {path for out in found for path in out.paths}
 

@@ -173,6 +173,25 @@ def within_both(a: Manifest, b: Manifest, scope_a: Scope, scope_b: Scope, side_a
     return _without(a, dropped), _without(b, dropped), left
 
 
+def _suffix(path: str) -> str:
+    return os.path.splitext(path.rpartition("/")[2])[1]
+
+
+def maybe_excluded(snapshot: Iterable[str], absent: Iterable[str], scope: Scope, side: str) -> LeftOut | None:
+    """Of the files ``absent`` from a snapshot whose scope is not recorded, those it may only
+    have excluded: no file of the snapshot has their suffix (it holds ``.py`` files, so a
+    ``.py`` file it lacks was not there; it holds no ``.so``, so perhaps it left them out).
+    A restore leaves them alone; None when there are none (or the scope is recorded)."""
+    if scope.recorded:
+        return None
+    seen = {_suffix(path) for path in snapshot}
+    unsure = sorted((path for path in absent if _suffix(path) not in seen), key=os.fsencode)
+    if not unsure:
+        return None
+    kinds = sorted({_suffix(path) or "no suffix" for path in unsure})
+    return LeftOut(side, unsure, f"it holds no {', '.join(kinds)} file: its exclude may have left them out")
+
+
 def _without(manifest: Manifest, paths: Iterable[str]) -> Manifest:
     gone = set(paths)
     if not gone.intersection(manifest.entries):

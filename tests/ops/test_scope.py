@@ -9,6 +9,7 @@ extensions alone. Real sshd nodes; the node's files are checked with the test's 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -102,3 +103,47 @@ def test_a_snapshot_taken_with_more_tracked_is_compared_only_where_the_node_look
     rolled = run_inproc("--config", config, "rollback", "ct200", "--to", "A", "--yes")
     assert rolled.code == 0, rolled
     assert tree_hashes(site) == before  # nothing outside what ct200 tracks now was written
+
+
+def as_an_older_snapver_wrote_it(store: Path, tag: str) -> str:
+    """Rewrite the tagged snapshot (the node's head) without ``exclude`` in its metadata, as
+    snapshots were before scopes were recorded (git plumbing: same tree and parents)."""
+    rev = f"refs/tags/{tag}"
+    meta = snapshot_meta(store, rev)
+    del meta["exclude"]
+    body = git(store, "log", "-1", "--format=%B", rev)
+    lines = [f"snapver-meta: {json.dumps(meta)}" if line.startswith("snapver-meta: ") else line
+             for line in body.splitlines()]
+    parents = [p for p in git(store, "log", "-1", "--format=%P", rev).split() if p]
+    env = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@x", "GIT_COMMITTER_NAME": "x", "GIT_COMMITTER_EMAIL": "x@x",
+           "PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
+    tree = git(store, "rev-parse", f"{rev}^{{tree}}").strip()
+    commit = subprocess.run(["git", "--git-dir", str(store), "commit-tree", tree,
+                             *[arg for p in parents for arg in ("-p", p)]], input="\n".join(lines) + "\n",
+                            capture_output=True, text=True, check=True, env=env).stdout.strip()
+    old = git(store, "rev-parse", rev).strip()
+    for ref in (rev, "refs/heads/nodes/ct200"):
+        git(store, "update-ref", ref, commit, old)
+    return commit
+
+
+def test_a_snapshot_without_a_recorded_scope_is_said_to_be_assumed_and_restores_delete_only_what_it_observed(
+        make_site_packages, write_config, ssh_node) -> None:
+    site, config = taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    as_an_older_snapver_wrote_it(Path.cwd() / "snapshots", "A")
+    (site / SRT / "b.py").write_text("b = 1\n")  # a .py file A lacks: A observed .py files, so b.py goes
+    before = tree_hashes(site)
+
+    result = run_inproc("--config", config, "diff", "A", "ct200", "--json")
+    document = json.loads(result.out)
+    assert document["a"]["scope"]["recorded"] is False
+    assert "does not record the paths and exclude it was taken with" in " ".join(document["not_compared"]["notes"])
+    text = run_inproc("--config", config, "diff", "A", "ct200", "--name-status")
+    assert "does not record the paths and exclude" in text.err, text
+
+    rolled = run_inproc("--config", config, "rollback", "ct200", "--to", "A", "--yes")
+    assert rolled.code == 0, rolled
+    assert "left alone: 7 files" in rolled.out + rolled.err, rolled
+    after = tree_hashes(site)
+    assert {path: after.get(path) for path in EXTENSIONS} == {path: before[path] for path in EXTENSIONS}
+    assert not (site / SRT / "b.py").exists()
