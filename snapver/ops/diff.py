@@ -24,7 +24,7 @@ from snapver.errors import SnapverError, UsageError
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
                            compare_manifests, is_safe_relpath, quote_path)
 from snapver.ops.pull import list_live
-from snapver.ops.scope import LeftOut, Scope, commit_scope, node_scope, unrecorded_note, within_both
+from snapver.ops.scope import LeftOut, Scope, commit_scope, node_scope, owner_scope, unrecorded_note, within_both
 from snapver.refs import Resolver, TreeRef, tracked_paths
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
@@ -288,7 +288,7 @@ def side_scope(store: Store | None, config: Config, side: Side) -> Scope:
         assert side.node is not None
         return node_scope(config.node(side.node))
     assert store is not None and side.commit is not None
-    return commit_scope(store, side.commit, config)
+    return commit_scope(store, side.commit, owner_scope(config, side.commit))
 
 
 def _within_both_scopes(store: Store | None, config: Config, a: Side, b: Side) -> tuple[list[LeftOut], list[str]]:

@@ -112,7 +112,7 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
         plan.close()
         raise
     live = {e.path: Live(e.kind, e.oid, e.mode) for e in listing.entries}
-    for path in _outside_both_scopes(store, config, plan, to, live, wanted):
+    for path in _outside_both_scopes(store, plan, to, live, wanted):
         live.pop(path, None)
         wanted.pop(path, None)
     plan.node.steps = restore_steps(live, wanted)
@@ -122,14 +122,14 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     return plan
 
 
-def _outside_both_scopes(store: Store, config: Config, plan: RollbackPlan, to: str | None,
-                         live: dict[str, Live], wanted: dict[str, Entry | None]) -> set[str]:
+def _outside_both_scopes(store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]) -> set[str]:
     """The paths a restore must leave alone: outside what the snapshot observed (a file it
     only excluded is not a file it lacked) or what the node's config tracks now. The plan
     notes them, and says so when the snapshot does not record its scope."""
     spec = plan.node.spec
     label = f"{to} ({plan.target[:10]})" if to is not None else plan.target[:10]
-    taken, now = commit_scope(store, store.commit(plan.target), config), node_scope(spec)
+    now = node_scope(spec)
+    taken = commit_scope(store, store.commit(plan.target), now)
     if not taken.recorded:
         plan.node.notes.append(unrecorded_note(label, taken))
     found = left_out(live, wanted, taken, now, f"when {label} was taken", f"by {spec.name}'s config now")

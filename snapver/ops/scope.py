@@ -116,11 +116,10 @@ def recorded_scope(meta: Mapping[str, Any], fallback: Scope) -> Scope:
     return Scope(paths or fallback.paths, fallback.exclude, recorded=False)
 
 
-def commit_scope(store: Store, commit: Commit, config: Config) -> Scope:
-    """The scope of a snapshot, or of a patch (its base snapshot's, unless it records one)."""
+def commit_scope(store: Store, commit: Commit, fallback: Scope) -> Scope:
+    """The scope of a snapshot, or of a patch (its base snapshot's, unless it records one);
+    ``fallback``, marked assumed, where the metadata does not say."""
     meta = commit.meta
-    node = meta.get("node") or meta.get("base_node")
-    fallback = default_scope(config, node if isinstance(node, str) else None)
     base = meta.get("base")
     if meta.get("kind") == "patch" and "exclude" not in meta and isinstance(base, str):
         try:
@@ -128,6 +127,12 @@ def commit_scope(store: Store, commit: Commit, config: Config) -> Scope:
         except SnapverError:
             pass  # a base gone from the store: the patch's scope stays unknown
     return recorded_scope(meta, fallback)
+
+
+def owner_scope(config: Config, commit: Commit) -> Scope:
+    """What the config says the node of a snapshot or patch is read under now."""
+    node = commit.meta.get("node") or commit.meta.get("base_node")
+    return default_scope(config, node if isinstance(node, str) else None)
 
 
 @dataclass

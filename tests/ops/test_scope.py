@@ -147,3 +147,70 @@ def test_a_snapshot_without_a_recorded_scope_is_said_to_be_assumed_and_restores_
     after = tree_hashes(site)
     assert {path: after.get(path) for path in EXTENSIONS} == {path: before[path] for path in EXTENSIONS}
     assert not (site / SRT / "b.py").exists()
+
+
+def test_status_counts_drift_only_where_the_snapshot_looked(make_site_packages, write_config, ssh_node) -> None:
+    site, config = taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    result = run_inproc("--config", config, "status", "ct200", "--json")
+    (row,) = json.loads(result.out)["nodes"]
+    assert row["since_snapshot"] == 0 and row["drift"] == [], row
+    assert any("7 files excluded when" in note for note in row["not_compared"]), row
+
+    (site / SRT / "a.py").write_text("a = 2\n")
+    (row,) = json.loads(run_inproc("--config", config, "status", "ct200", "--json").out)["nodes"]
+    assert [d["path"] for d in row["drift"]] == [f"{SRT}/a.py"], row
+    text = run_inproc("--config", config, "status", "ct200")
+    assert "not compared: 7 files excluded when" in text.out + text.err, text
+
+
+# -- the RECORD verdict is worked out for the scope it was asked in -------------------------
+SERVER_ARGS = f"{SRT}/server_args.py"
+
+
+def differing_from_record(config: Path) -> dict[str, list[tuple[str, str]]]:
+    result = run_inproc("--config", config, "status", "--json")
+    assert result.out, result
+    return {row["node"]: sorted((f["path"], f["status"]) for f in row["known_good"]["files"])
+            for row in json.loads(result.out)["nodes"]}
+
+
+def test_the_kept_record_verdict_is_worked_out_again_when_exclude_changes(
+        make_site_packages, write_config, ssh_node, sglang_site_template: Path) -> None:
+    """status keeps how an unchanged snapshot stands against RECORD; excluding a file RECORD
+    lists (one deleted from the node) changes that answer, though neither tree changed."""
+    site = make_site_packages("ct200", template=sglang_site_template)
+    (site / SERVER_ARGS).unlink()
+    config = write_config({"ct200": ssh_node("ct200", site)})
+    assert run_inproc("--config", config, "pull").code == 0
+    assert differing_from_record(config) == {"ct200": [(SERVER_ARGS, "D")]}
+    assert (Path.cwd() / "snapshots" / "snapver" / "record-check" / "ct200.json").exists()
+
+    write_config({"ct200": ssh_node("ct200", site, exclude=["__pycache__/", "*.pyc", SERVER_ARGS])})
+    assert differing_from_record(config) == {"ct200": []}
+
+
+def test_nodes_installed_from_one_wheel_with_different_excludes_are_each_held_to_their_own_rows(
+        make_site_packages, write_config, ssh_node, sglang_site_template: Path) -> None:
+    """One status reads a RECORD once for every node that has it, but parses it per scope."""
+    sites = {name: make_site_packages(name, template=sglang_site_template) for name in ("ct200", "ct129")}
+    for site in sites.values():
+        with open(site / SERVER_ARGS, "a") as handle:
+            handle.write("# hot-fixed\n")
+    config = write_config({"ct200": ssh_node("ct200", sites["ct200"]),
+                           "ct129": ssh_node("ct129", sites["ct129"],
+                                             exclude=["__pycache__/", "*.pyc", SERVER_ARGS])})
+    assert differing_from_record(config) == {"ct200": [(SERVER_ARGS, "M")], "ct129": []}
+
+
+def test_a_hot_fix_to_a_file_the_snapshot_excluded_is_not_hidden_by_the_kept_verdict(
+        make_site_packages, write_config, ssh_node, sglang_site_template: Path) -> None:
+    """The kept verdict stands for a tree that is all its snapshot's: a file the snapshot
+    excluded (tracked since) can change unseen by the drift, so the verdict is worked out again."""
+    site = make_site_packages("ct200", template=sglang_site_template)
+    config = write_config({"ct200": ssh_node("ct200", site, exclude=["__pycache__/", "*.pyc", SERVER_ARGS])})
+    assert run_inproc("--config", config, "pull").code == 0
+    write_config({"ct200": ssh_node("ct200", site)})
+    assert differing_from_record(config) == {"ct200": []}
+    with open(site / SERVER_ARGS, "a") as handle:
+        handle.write("# hot-fixed\n")
+    assert differing_from_record(config) == {"ct200": [(SERVER_ARGS, "M")]}
