@@ -293,10 +293,10 @@ def side_scope(store: Store | None, config: Config, side: Side) -> Scope:
 
 def _within_both_scopes(store: Store | None, config: Config, a: Side, b: Side) -> tuple[list[LeftOut], list[str]]:
     """Cut both sides to what both observed; what was left out, and a note per assumed scope."""
-    a.scope, b.scope = side_scope(store, config, a), side_scope(store, config, b)
-    a.manifest, b.manifest, left_out = within_both(a.manifest, b.manifest, a.scope, b.scope,
+    scope_a, scope_b = a.scope, b.scope = side_scope(store, config, a), side_scope(store, config, b)
+    a.manifest, b.manifest, left_out = within_both(a.manifest, b.manifest, scope_a, scope_b,
                                                    a.observed_by, b.observed_by)
-    notes = [unrecorded_note(side.label, side.scope) for side in (a, b) if not side.scope.recorded]
+    notes = [unrecorded_note(side.label, scope) for side, scope in ((a, scope_a), (b, scope_b)) if not scope.recorded]
     return left_out, notes
 
 

@@ -70,7 +70,7 @@ class Scope:
     def covers(self, path: str) -> bool:
         return tracked_filter(self.paths, self.exclude)(path)
 
-    def same_as(self, other: "Scope") -> bool:
+    def same_as(self, other: Scope) -> bool:
         return self.paths == other.paths and set(self.exclude) == set(other.exclude)
 
     def to_meta(self) -> dict[str, list[str]]:
@@ -80,7 +80,7 @@ class Scope:
     def to_json(self) -> dict[str, Any]:
         return {**self.to_meta(), "recorded": self.recorded}
 
-    def beyond(self, other: "Scope") -> str:
+    def beyond(self, other: Scope) -> str:
         """What this scope leaves out that ``other`` does not, in a few words (``*.so``)."""
         parts = [pattern for pattern in self.exclude if pattern not in other.exclude]
         if self.paths != other.paths:

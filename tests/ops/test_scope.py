@@ -67,6 +67,8 @@ def test_rollback_to_a_snapshot_leaves_alone_what_it_only_excluded(make_site_pac
         assert after[path] == before[path], f"{path} was changed by a rollback to a snapshot that excluded it"
     assert (site / SRT / "a.py").read_text() == "a = 1\n"
     assert not (site / SRT / "b.py").exists()
+    # The rollback's own snapshot records the scope it was taken with: the config's now.
+    assert snapshot_meta(Path.cwd() / "snapshots", "refs/heads/nodes/ct200")["exclude"] == ["__pycache__/", "*.pyc"]
 
 
 def test_diff_of_a_snapshot_and_a_node_says_what_it_did_not_compare(make_site_packages, write_config,
@@ -214,3 +216,24 @@ def test_a_hot_fix_to_a_file_the_snapshot_excluded_is_not_hidden_by_the_kept_ver
     with open(site / SERVER_ARGS, "a") as handle:
         handle.write("# hot-fixed\n")
     assert differing_from_record(config) == {"ct200": [(SERVER_ARGS, "M")]}
+
+
+def test_an_import_records_the_exclude_it_read_the_folder_with(make_site_packages, write_config, ssh_node,
+                                                               tmp_path: Path) -> None:
+    site = make_site_packages("ct200", files={f"{SRT}/a.py": "a = 1\n", **EXTENSIONS})
+    config = write_config({"ct200": ssh_node("ct200", site, exclude=WITH_SO_EXCLUDED)})
+    result = run_inproc("--config", config, "import", str(site / SRT), "--node", "ct200", "--tag", "old")
+    assert result.code == 0, result
+    meta = snapshot_meta(Path.cwd() / "snapshots", "refs/tags/old")
+    assert meta["paths"] == [SRT] and meta["exclude"] == WITH_SO_EXCLUDED
+    assert not any(path.endswith(".so") for path in git(Path.cwd() / "snapshots", "ls-tree", "-r", "--name-only",
+                                                          "refs/tags/old").splitlines())
+
+
+def test_show_says_what_a_snapshot_excluded(make_site_packages, write_config, ssh_node) -> None:
+    _, config = taken_with_so_excluded(make_site_packages, write_config, ssh_node)
+    shown = run_inproc("--config", config, "show", "A")
+    assert shown.code == 0 and f"exclude:       {', '.join(WITH_SO_EXCLUDED)}" in shown.out, shown
+    as_an_older_snapver_wrote_it(Path.cwd() / "snapshots", "A")
+    shown = run_inproc("--config", config, "show", "A")
+    assert shown.code == 0 and "exclude:       not recorded" in shown.out, shown
