@@ -92,10 +92,13 @@ COMPARED_LISTED = 10  # up to this many files compared are named on stderr
 
 
 def _report_selection(result: Any) -> None:
-    """On stderr: how each folder was read, and which files the path operands matched."""
+    """On stderr: how each folder was read, what was left out of the comparison (outside a
+    side's scope), and which files the path operands matched."""
     err = console(stderr=True)
     for folder in result.folders:
         err.print(escape(folder.describe()))
+    for note in result.notes:
+        err.print(escape(note))
     compared = result.compared
     if not result.matched:
         return

@@ -107,6 +107,8 @@ def render_status(result: Any) -> None:
                       f"`snapver ps {escape(row.node)}` names them")
         if row.unchecked and row.error is None:
             out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
+        for note in getattr(row, "not_compared", []):
+            out.print(f"{escape(row.node)}: {escape(note)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "

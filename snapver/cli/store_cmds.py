@@ -221,7 +221,11 @@ def show(
                   ("python", escape(str(meta.get("python", ""))))]
         files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"
     fields += [("distribution", escape(", ".join(info.dists)) or "-"),
-               ("paths", escape(", ".join(meta.get("paths", [])))), ("files", files)]
+               ("paths", escape(", ".join(meta.get("paths", []))))]
+    if meta.get("kind") != "patch":  # a snapshot's scope; older ones do not say (unknown, not nothing)
+        fields.append(("exclude", escape(", ".join(meta["exclude"]) or "nothing") if "exclude" in meta
+                       else "not recorded"))
+    fields.append(("files", files))
     for label, value in fields:
         out.print(f"{label + ':':<15}{value}")
     if info.tags:

@@ -24,6 +24,7 @@ from snapver.errors import SnapverError, UsageError
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
                            compare_manifests, is_safe_relpath, quote_path)
 from snapver.ops.pull import list_live
+from snapver.ops.scope import LeftOut, Scope, commit_scope, node_scope, owner_scope, unrecorded_note, within_both
 from snapver.refs import Resolver, TreeRef, tracked_paths
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
@@ -46,6 +47,12 @@ class Side:
     node: str | None = None
     commit: Commit | None = None
     transport: Transport | None = field(default=None, repr=False)
+    scope: Scope | None = None  # the paths and exclude this tree was read with
+
+    @property
+    def observed_by(self) -> str:
+        """How a note names the side whose scope left a file out: ``when A (1a2b3c4d5e) was taken``."""
+        return f"by {self.label}" if self.ref.folder is not None or self.ref.is_live else f"when {self.label} was taken"
 
     @property
     def kind(self) -> str:
@@ -72,6 +79,8 @@ class Side:
             document.update(commit=self.commit.id, time=self.commit.time.astimezone().isoformat())
         if self.ref.folder is not None:
             document.update(self.ref.folder.to_json())
+        if self.scope is not None:
+            document["scope"] = self.scope.to_json()
         return document
 
 
@@ -101,6 +110,10 @@ class DiffResult:
     # the matched files that are the same in both trees.
     matched: dict[str, list[str]] = field(default_factory=dict)
     same: list[str] = field(default_factory=list)
+    # Files outside one side's scope (excluded when a snapshot was taken, or by a node's
+    # config now): neither compared nor reported as changes.
+    not_compared: list[LeftOut] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line each, for stderr
 
     @property
     def compared(self) -> list[str]:
@@ -135,8 +148,10 @@ class DiffResult:
                 found = stats[change.path]
                 item.update(binary=found.binary, added=found.added, removed=found.removed)
             changes.append(item)
+        left = sorted((path for out in self.not_compared for path in out.paths), key=os.fsencode)
         return {"a": self.a.to_json(), "b": self.b.to_json(), "paths": list(self.paths),
                 "matched": self.matched, "same": self.same,
+                "not_compared": {"count": len(left), "paths": left, "notes": self.notes},
                 "identical": self.identical, "changes": changes, "exit_code": self.exit_code}
 
 
@@ -171,6 +186,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         sides = _load_sides(store, config, [ref_a, ref_b], checksum, starting)
         side_a, side_b = sides
         _scope_to_folders(side_a, side_b)
+        left_out, notes = _within_both_scopes(store, config, side_a, side_b)
         changes = compare_manifests(side_a.manifest, side_b.manifest)
         matched: dict[str, list[str]] = {}
         same: list[str] = []
@@ -182,7 +198,10 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
             changes = [c for c in changes if c.path in chosen]
             differing = {c.path for c in changes}
             same = sorted((path for path in chosen if path not in differing), key=os.fsencode)
-        result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same)
+            left_out = _selected(left_out, filters, roots)
+        notes += [out.note("not compared") for out in left_out]
+        result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same,
+                            not_compared=left_out, notes=notes)
         if contents and changes:
             readable = [c for c in changes if not too_big_to_diff(c)]
             old_data = read_contents(store, side_a, [c.old for c in readable if c.old is not None])
@@ -258,6 +277,38 @@ def _scope_to_folders(*sides: Side) -> None:
             if any(not path.startswith(inside) for path in side.manifest.entries):
                 side.manifest = Manifest({path: entry for path, entry in side.manifest.entries.items()
                                           if path.startswith(inside)})
+
+
+def side_scope(store: Store | None, config: Config, side: Side) -> Scope:
+    """The scope a side was read with: a live node's config, a folder's tracked paths, or
+    what a snapshot records (the config's, marked assumed, for one that records none)."""
+    if side.ref.folder is not None:
+        return Scope(side.ref.folder.tracked, side.ref.folder.exclude)
+    if side.ref.is_live:
+        assert side.node is not None
+        return node_scope(config.node(side.node))
+    assert store is not None and side.commit is not None
+    return commit_scope(store, side.commit, owner_scope(config, side.commit))
+
+
+def _within_both_scopes(store: Store | None, config: Config, a: Side, b: Side) -> tuple[list[LeftOut], list[str]]:
+    """Cut both sides to what both observed; what was left out, and a note per assumed scope."""
+    scope_a, scope_b = a.scope, b.scope = side_scope(store, config, a), side_scope(store, config, b)
+    a.manifest, b.manifest, left_out = within_both(a.manifest, b.manifest, scope_a, scope_b,
+                                                   a.observed_by, b.observed_by)
+    notes = [unrecorded_note(side.label, scope) for side, scope in ((a, scope_a), (b, scope_b)) if not scope.recorded]
+    return left_out, notes
+
+
+def _selected(left_out: list[LeftOut], filters: Sequence[str], roots: Sequence[str]) -> list[LeftOut]:
+    """The files left out that the path operands name (the others were not asked about)."""
+    kept = []
+    for out in left_out:
+        paths = sorted({path for operand in filters for path in match_operand(operand, out.paths, roots)},
+                       key=os.fsencode)
+        if paths:
+            kept.append(LeftOut(out.side, paths, out.why))
+    return kept
 
 
 def open_live(config: Config, ref: TreeRef) -> Transport:

@@ -157,7 +157,8 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
             "site_packages": folder.site,
             "time": moment.isoformat(timespec="seconds"),
             "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "paths": list(folder.tracked), "dists": dists, "files": len(manifest), "changed": changed,
+            "paths": list(folder.tracked), "exclude": list(folder.exclude),
+            "dists": dists, "files": len(manifest), "changed": changed,
             "bytes": manifest.total_size(),
         }
         if message:

@@ -726,7 +726,9 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
         "v": 1, "kind": "snapshot", "node": spec.name, "host": spec.address,
         "writer": writer_of(store),
         "site_packages": info.site_packages, "hostname": info.hostname, "python": info.python_version,
-        "time": now.isoformat(timespec="seconds"), "time_ns": moment_ns(now), "paths": list(spec.paths),
+        "time": now.isoformat(timespec="seconds"), "time_ns": moment_ns(now),
+        # What the listing observed: a later comparison covers only what both sides observed.
+        "paths": list(spec.paths), "exclude": list(spec.exclude),
         "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
         "changed": result.changed, "bytes": manifest.total_size(), **(event or {"event": "pull"}),
     }

@@ -17,6 +17,7 @@ from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.plan import MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, \
     first_of, last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
@@ -82,7 +83,8 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
                   force: bool = False) -> RollbackPlan:
     """Plan the rollback: without ``to``, undo the node's last push (only the files it
     wrote, each only while it still holds what the push wrote, unless ``force``); with
-    ``to``, what makes the node exactly that snapshot."""
+    ``to``, what makes the node exactly that snapshot, over the paths both it and the
+    node's config observe (see ``_outside_both_scopes``)."""
     from snapver.ops.pull import list_live
 
     spec = config.node(node)
@@ -110,11 +112,33 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
         plan.close()
         raise
     live = {e.path: Live(e.kind, e.oid, e.mode) for e in listing.entries}
+    for path in _outside_both_scopes(store, plan, to, live, wanted):
+        live.pop(path, None)
+        wanted.pop(path, None)
     plan.node.steps = restore_steps(live, wanted)
     if plan.ignored:
         plan.node.notes.append(f"{plan.ignored} path(s) of {target[:10]} lie outside the node's tracked paths "
                                f"({', '.join(spec.paths)}) and are left alone")
     return plan
+
+
+def _outside_both_scopes(store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]) -> set[str]:
+    """The paths a restore must leave alone: outside what the snapshot observed (a file it
+    only excluded is not a file it lacked) or what the node's config tracks now. The plan
+    notes them, and says so when the snapshot does not record its scope."""
+    spec = plan.node.spec
+    label = f"{to} ({plan.target[:10]})" if to is not None else plan.target[:10]
+    now = node_scope(spec)
+    taken = commit_scope(store, store.commit(plan.target), now)
+    if not taken.recorded:
+        plan.node.notes.append(unrecorded_note(label, taken))
+    found = left_out(live, wanted, taken, now, f"when {label} was taken", f"by {spec.name}'s config now")
+    dropped = {path for out in found for path in out.paths}
+    unsure = maybe_excluded(wanted, (path for path in live if path not in wanted and path not in dropped), taken,
+                            f"when {label} was taken, perhaps")
+    found += [unsure] if unsure is not None else []
+    plan.node.notes += [out.note("left alone") for out in found]
+    return {path for out in found for path in out.paths}
 
 
 def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Manifest, force: bool) -> list:

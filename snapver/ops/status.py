@@ -28,10 +28,11 @@ from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
-from snapver.model import ADDED, DELETED, FILE, MODIFIED, DistInfo, Entry, Manifest, compare_manifests
+from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
+from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
                                 record_paths)
 from snapver.store import refs
@@ -127,6 +128,8 @@ class NodeStatus:
     error: SnapverError | None = None
     restart_needed: int | None = None  # processes running older code (see ops/ps.py); None: not known
     restart_error: str | None = None  # why they could not be listed
+    not_compared: list[str] = field(default_factory=list)  # notes: what the drift left out, and why
+    left_out: int = 0  # files outside the snapshot's scope or the node's: the tree is not all the snapshot's
     # working state, not reported
     live: Manifest | None = field(default=None, repr=False)
     transport: Transport | None = field(default=None, repr=False)
@@ -182,6 +185,7 @@ class NodeStatus:
                 "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None,
                 "restart_needed": self.restart_needed, "restart_error": self.restart_error,
+                "not_compared": self.not_compared,
                 "exit_code": self.exit_code}
 
 
@@ -236,12 +240,15 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum, heads.get(spec.name))
         # The store is read while the node starts up and lists.
         snapshot_manifest = None
+        snapshot_scope = node_scope(spec)
         if store is not None:
             row.snapshot = heads.get(spec.name)
             if row.snapshot:
-                row.snapshot_time = store.commit(row.snapshot).time
+                snapshot = store.commit(row.snapshot)
+                row.snapshot_time = snapshot.time
                 row.tags = sorted(tags.get(row.snapshot, []))
                 snapshot_manifest = store.manifest(row.snapshot)
+                snapshot_scope = commit_scope(store, snapshot, node_scope(spec))
             row.push = last_push(store, spec.name)
         info = row.transport.info
         assert info is not None
@@ -255,14 +262,14 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         digests = record_digests()["hashes"] if record_digests is not None else None
         _count_restarts(row.transport, spec, row)
         if snapshot_manifest is not None:
-            row.drift = [DriftedFile(c.path, c.status, "") for c in compare_manifests(snapshot_manifest, row.live)]
+            row.drift = [DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)]
         if not want_record:
             return
         if digests is None:
             row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
                                                 f"{', '.join(spec.paths)} in {info.site_packages}")
             return
-        if store is not None and row.snapshot and row.drift == [] and not checksum:
+        if store is not None and row.snapshot and row.drift == [] and not row.left_out and not checksum:
             row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
         if row.record_differing is None:
             try:
@@ -274,6 +281,19 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _drift(row: NodeStatus, spec: NodeSpec, snapshot: Manifest, scope: Scope) -> list[Change]:
+    """The live tree's changes since the snapshot, over the paths both observed; what either
+    side's scope left out goes to ``row.not_compared``."""
+    assert row.live is not None
+    label = f"{spec.name}@latest ({(row.snapshot or '')[:10]})"
+    taken, live, left = within_both(snapshot, row.live, scope, node_scope(spec), f"when {label} was taken",
+                                    f"by {spec.name}'s config now")
+    row.not_compared = ([unrecorded_note(label, scope)] if not scope.recorded else []) + \
+        [out.note("not compared") for out in left]
+    row.left_out = sum(len(out.paths) for out in left)
+    return compare_manifests(taken, live)
 
 
 def _nothing_known_good(why: str) -> str:
@@ -340,7 +360,7 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
                 statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
                             **{p: ADDED for p in check.extra}}
                 differing = [(path, statuses[path]) for path in check.differing]
-                if store is not None and row.snapshot and row.drift == []:
+                if store is not None and row.snapshot and row.drift == [] and not row.left_out:
                     save_record_check(store, row.transport.spec, row.snapshot, dists, differing)
         elif reference is not None and reference.manifest is not None:
             row.known_good = reference

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import functools
 import hashlib
 import io
 import posixpath
@@ -23,8 +22,8 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, SnapverError
 from snapver.model import DistInfo, is_safe_relpath
+from snapver.ops.scope import is_tracked, tracked_filter  # noqa: F401 - is_tracked: verify's rule, re-exported
 from snapver.store.repo import Store
-from snapver.transport import agent
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
@@ -322,41 +321,6 @@ def parse_record(data: bytes, keep: Callable[[str], bool] | None = None) -> list
         size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
         entries.append(RecordEntry(path, algo, digest, size))
     return entries
-
-
-_exclusion = functools.lru_cache(maxsize=8)(agent.exclusion)  # patterns compiled once per config
-
-
-def is_tracked(path: str, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
-    """True when ``path`` lies under a tracked path and no exclude pattern drops it (as the agent walks)."""
-    return tracked_filter(tuple(tracked), tuple(exclude))(path)
-
-
-@functools.lru_cache(maxsize=8)
-def tracked_filter(tracked: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[[str], bool]:
-    """``is_tracked`` for one config, remembering each folder's answer (a RECORD lists a
-    folder's files together: its folders' patterns are matched once, not once a file)."""
-    excluded = _exclusion(exclude)
-    folders: dict[tuple[int, str], bool] = {}  # (depth of the root, folder) -> excluded?
-
-    def folder_excluded(depth: int, folder: str) -> bool:
-        answer = folders.get((depth, folder))
-        if answer is None:
-            parts = folder.split("/")
-            answer = folders[(depth, folder)] = any(
-                excluded(parts[index], "/".join(parts[:index + 1]), True) for index in range(depth, len(parts)))
-        return answer
-
-    def keep(path: str) -> bool:
-        for root in tracked:
-            if not path.startswith(root + "/"):
-                continue
-            depth = root.count("/") + 1
-            folder, _, name = path.rpartition("/")
-            return not folder_excluded(depth, folder) and not excluded(name, path, False)
-        return False
-
-    return keep
 
 
 def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[str, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,32 @@ def rewrite_manifest_digest(store: Path, path: str) -> str:
     return commit
 
 
+def chmod_in_tree(store: Path, path: str) -> str:
+    """Replace the snapshot with one whose tree gives ``path`` mode 100755 while its manifest
+    still says 100644 (git plumbing, through an index of its own; message and parents kept)."""
+    rev = "refs/heads/nodes/n1"
+    index = store.parent / "chmod.index"
+    # update-index wants a work tree, though --cacheinfo never reads one.
+    env = {**os.environ, "GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": str(store.parent), "GIT_AUTHOR_NAME": "x",
+           "GIT_AUTHOR_EMAIL": "x@x", "GIT_COMMITTER_NAME": "x", "GIT_COMMITTER_EMAIL": "x@x"}
+
+    def plumbing(*args: str, input: bytes | None = None) -> str:  # noqa: A002
+        return subprocess.run(["git", "--git-dir", str(store), *args], input=input, env=env, capture_output=True,
+                              check=True).stdout.decode().strip()
+
+    (line,) = plumbing("ls-tree", rev, "--", path).splitlines()
+    assert line.startswith("100644 "), line
+    oid = line.split()[2]
+    plumbing("read-tree", rev)
+    plumbing("update-index", "--cacheinfo", f"100755,{oid},{path}")
+    tree = plumbing("write-tree")
+    parents = [arg for parent in plumbing("log", "-1", "--format=%P", rev).split() for arg in ("-p", parent)]
+    commit = plumbing("commit-tree", tree, *parents, input=git(store, "log", "-1", "--format=%B", rev))
+    plumbing("update-ref", rev, commit)
+    index.unlink()
+    return commit
+
+
 def dangle_ref(store: Path, name: str) -> str:
     """A ref file naming an object the store does not have (what a lost write leaves)."""
     missing = "0123456789abcdef0123456789abcdef01234567"
@@ -123,6 +150,15 @@ def test_manifest_blake3_mismatch_is_found_and_named(pulled, run_snapver) -> Non
     # git sees nothing wrong: only snapver's own manifest check can find this.
     assert not any("git fsck" in p for p in problems), problems
     assert any(commit[:10] in p and VICTIM in p and "blake3" in p for p in problems), problems
+
+
+def test_a_tree_mode_that_disagrees_with_the_manifest_is_found_and_named(pulled, run_snapver) -> None:
+    """The tree says executable, the manifest does not: a push or rollback of this snapshot
+    would write the file with the wrong mode. git sees nothing wrong; snapver fsck must."""
+    commit = chmod_in_tree(pulled, VICTIM)
+    problems = fsck_problems(run_snapver)
+    assert not any("git fsck" in p for p in problems), problems
+    assert any(commit[:10] in p and VICTIM in p and "100755" in p and "100644" in p for p in problems), problems
 
 
 def test_object_rewritten_with_other_content_is_found_by_its_hash(pulled, run_snapver) -> None:
