@@ -122,7 +122,7 @@ def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> boo
 def _render_waves_end(outcome: "object", action: str = "push") -> None:
     """Where a rollout in waves got to (a push's ``WavesResult`` or a rollback's ``WavesOutcome``)."""
     from snapver.ops.push import WavesResult
-    from snapver.ops.waves import WavesOutcome
+    from snapver.ops.waves import INTERRUPTED, WavesOutcome
 
     assert isinstance(outcome, (WavesResult, WavesOutcome))
     total, finished = len(outcome.waves), outcome.finished
@@ -139,7 +139,7 @@ def _render_waves_end(outcome: "object", action: str = "push") -> None:
         if run.record is None and run.state == "done":
             console(stderr=True).print(f"{escape(run.node)}: already as before the push; nothing to roll back")
             continue
-        cause = "the interrupt" if outcome.why == "interrupted" else "the failure"
+        cause = "the interrupt" if outcome.why == INTERRUPTED else "the failure"
         console(stderr=True).print(f"{escape(run.node)}: rolled back as well (its wave finished before {cause}):")
         render_run(run)
     render_patched(outcome)

@@ -302,7 +302,8 @@ class WavesResult(PushResult):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
-                "stopped": self.stopped, "rolled_back": [run.to_json() for run in self.rolled_back]}
+                "stopped": self.stopped, "stop_reason": self.why,
+                "rolled_back": [run.to_json() for run in self.rolled_back]}
 
 
 def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,

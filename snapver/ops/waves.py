@@ -64,7 +64,7 @@ class WavesOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return {"waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "stop_reason": self.why}
 
 
 def run_waves(store: Store, nodes: list[NodePlan], spec: str, record: Record,

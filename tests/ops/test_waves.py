@@ -60,7 +60,8 @@ def test_a_ten_percent_canary_of_four_nodes_is_one_node(make_site_packages, loca
     result = run_snapver("push", "fix", "--yes", "--waves", "10%,100%", "--health", "exit 1", "--json")
     assert result.code == 3, result
     document = json.loads(result.out)
-    assert (document["waves"], document["waves_finished"]) == ([["fleet00"], NAMES[1:]], 0), document
+    assert (document["waves"], document["waves_finished"], document["stop_reason"]) == ([["fleet00"], NAMES[1:]], 0,
+                                                                                         "failed"), document
     assert {name: tree_hashes(site) for name, site in sites.items()} == original
     store = isolated_env / "snapshots"
     assert records(store, "fleet00")[0]["state"] == "rolled-back"
