@@ -155,3 +155,19 @@ def test_a_node_lost_for_good_between_waves_rolls_back_the_finished_wave(fleet, 
         assert (record["state"], record["waves_finished"]) == ("cancelled", 1), record
     assert "fleet01" in records(store, "fleet01")[0]["error"]
     assert run_snapver("tag", "after-loss", "fleet00").code == 0
+
+
+def test_ctrl_c_at_the_question_before_a_wave_rolls_back_the_finished_wave(fleet, store):
+    """On a terminal without --yes, SIGINT while the push asks "start wave 2?": as in the
+    pause, exit 130 with the canary rolled back and the rest recorded "cancelled"."""
+    sites = fleet()
+    original = {name: tree_hashes(site) for name, site in sites.items()}
+    shown = run_in_terminal("--no-color", "push", "fix", "--waves", "1,100%", replies=[CONFIRM],
+                            interrupt_on=WAVE_TWO, settle=0.3, timeout=120)
+    text = shown.text
+    assert shown.code == 130, text
+    assert "snapver: interrupted" in text and "Traceback" not in text, text
+    assert "fleet00: rolled back as well (its wave finished before the interrupt)" in text, text
+    assert_untouched(sites, original)
+    assert records(store, "fleet00")[0]["action"] == "rollback"
+    assert [records(store, name)[0]["state"] for name in ("fleet01", "fleet02")] == ["cancelled", "cancelled"]
