@@ -17,7 +17,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +45,15 @@ def terminal_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[str, str] | None = None,
                     cwd: Path | None = None, interrupt_after: float | None = None,
                     interrupt_on: bytes | None = None, settle: float = 0.0, timeout: float = 120,
-                    replies: Sequence[tuple[bytes, bytes]] = ()) -> Screen:
+                    replies: Sequence[tuple[bytes, bytes | Callable[[], bytes]]] = ()) -> Screen:
     """``python -m snapver ARGS`` with stdin, stdout and stderr on a new pty of ``columns`` x ``rows``.
 
     ``interrupt_after``: seconds after which Ctrl-C is typed (SIGINT to the process group);
     ``interrupt_on``: typed ``settle`` seconds after these bytes were written to the terminal
     (a signal that comes before a program blocks reading the terminal waits for the next key).
     ``replies``: (prompt, keys) in order: each ``keys`` is typed once its ``prompt`` was written
-    after the previous reply (the terminal holds typed lines until the program reads them).
+    after the previous reply (the terminal holds typed lines until the program reads them);
+    a callable ``keys`` is called then (to act while the program waits) and gives the keys.
     """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
@@ -70,7 +71,7 @@ def run_in_terminal(*args: str, columns: int = 80, rows: int = 24, env: Mapping[
             if pending and pending[0][0] in output[looked_from:]:
                 prompt, keys = pending.pop(0)
                 looked_from = output.index(prompt, looked_from) + len(prompt)
-                os.write(master, keys)
+                os.write(master, keys() if callable(keys) else keys)
             if seen is None and interrupt_on is not None and interrupt_on in output:
                 seen = time.monotonic()
             if not sent and ((interrupt_after is not None and time.monotonic() - started >= interrupt_after)

@@ -110,14 +110,19 @@ def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> boo
         if interrupt.requested():
             return False
     if not yes and sys.stdin.isatty():
-        return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False, err=True)
+        try:
+            return typer.confirm(f"start wave {index + 1} ({', '.join(names)})?", default=False, err=True)
+        except typer.Abort:  # Ctrl-C (or end of input) at the question: the push stops like a "no"
+            if sys.stderr.isatty():
+                console(stderr=True).print()
+            return False
     return True
 
 
 def _render_waves_end(outcome: "object", action: str = "push") -> None:
     """Where a rollout in waves got to (a push's ``WavesResult`` or a rollback's ``WavesOutcome``)."""
     from snapver.ops.push import WavesResult
-    from snapver.ops.waves import WavesOutcome
+    from snapver.ops.waves import INTERRUPTED, WavesOutcome
 
     assert isinstance(outcome, (WavesResult, WavesOutcome))
     total, finished = len(outcome.waves), outcome.finished
@@ -134,7 +139,8 @@ def _render_waves_end(outcome: "object", action: str = "push") -> None:
         if run.record is None and run.state == "done":
             console(stderr=True).print(f"{escape(run.node)}: already as before the push; nothing to roll back")
             continue
-        console(stderr=True).print(f"{escape(run.node)}: rolled back as well (its wave finished before the failure):")
+        cause = "the interrupt" if outcome.why == INTERRUPTED else "the failure"
+        console(stderr=True).print(f"{escape(run.node)}: rolled back as well (its wave finished before {cause}):")
         render_run(run)
     render_patched(outcome)
 

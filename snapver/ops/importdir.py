@@ -27,13 +27,14 @@ import blake3
 
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, UsageError
-from snapver.model import Entry, Manifest
+from snapver.model import Entry, Manifest, StatEntry
 from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
-from snapver.store.repo import Store, blob_oid, format_message
+from snapver.store.repo import Importer, Store, blob_oid, format_message
 from snapver.store.team import TeamView, writer_of
+from snapver.transport.base import FileChanged, StreamedFile, Transport
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
 DATE_FORM = "YYYY-MM-DD, YYYY-MM-DDTHH:MM (local time) or may22"
@@ -123,63 +124,82 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
         listing = transport.list_tree()
         if not listing.entries:
             raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})")
-        listed = listing.by_path()
-        contents: dict[str, tuple[str, bytes]] = {}
-        for path, kind, data in transport.read_files(list(listed)):
-            if kind is None:
-                raise UsageError(f"{path} vanished from {folder_text} while it was read; run the import again")
-            contents[path] = (kind, data)
         dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
-    dated_by = "--date"
-    if moment is None:
-        newest = max(listing.entries, key=lambda e: e.mtime_ns)
-        stamp = min(newest.mtime_ns / 1e9, datetime.now(timezone.utc).timestamp())
-        moment = datetime.fromtimestamp(int(stamp), timezone.utc).astimezone()
-        dated_by = f"the newest file's mtime ({newest.path})"
-
-    entries = []
-    blobs: dict[str, bytes] = {}
-    for path, (kind, data) in contents.items():
-        oid = blob_oid(data)
-        blobs[oid] = data
-        entries.append(Entry(path, kind, listed[path].mode, len(data), blake3.blake3(data).hexdigest(), oid))
-    manifest = Manifest.of(entries)
-
-    with store.lock():
-        head = store.ref(refs.node_ref(node))
-        history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
-        newest = not history or moment >= history[0].time
-        parent = head if newest else next((c.id for c in history if c.time <= moment), None)
-        changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
-        meta: dict[str, Any] = {
-            "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
-            "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout,
-            "site_packages": folder.site,
-            "time": moment.isoformat(timespec="seconds"),
-            "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "paths": list(folder.tracked), "exclude": list(folder.exclude),
-            "dists": dists, "files": len(manifest), "changed": changed,
-            "bytes": manifest.total_size(),
-        }
-        if message:
-            meta["message"] = message
-        subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
-        scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
-        target = refs.node_ref(node) if newest else scratch
-        missing = set(blobs) - store.existing(blobs)
-        with store.importer() as importer:
-            for oid in sorted(missing):
-                importer.add_blob(blobs[oid], oid)
-            mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
-        commit = importer.results[mark]
-        ref = target
-        if not newest:
-            ref = refs.import_ref(node, commit)
-            try:
-                store.update_ref(ref, commit)
-            finally:
-                store.delete_ref(scratch)
-        if tag is not None:
-            store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
-        head = store.ref(refs.node_ref(node))
+        dated_by = "--date"
+        if moment is None:
+            moment, dated_by = _dated_by_mtime(listing.entries)
+        with store.lock():
+            head = store.ref(refs.node_ref(node))
+            history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
+            newest = not history or moment >= history[0].time
+            parent = head if newest else next((c.id for c in history if c.time <= moment), None)
+            scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
+            target = refs.node_ref(node) if newest else scratch
+            with store.importer() as importer:
+                # Each file goes into the store as it is read: the folder is never held whole.
+                manifest = _store_files(store, importer, transport, listing.entries, folder_text)
+                changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
+                meta = _import_meta(store, node, folder, moment, dists, manifest, changed, message)
+                subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
+                mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
+            commit = importer.results[mark]
+            ref = target
+            if not newest:
+                ref = refs.import_ref(node, commit)
+                try:
+                    store.update_ref(ref, commit)
+                finally:
+                    store.delete_ref(scratch)
+            if tag is not None:
+                store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
+            head = store.ref(refs.node_ref(node))
     return ImportResult(node, commit, moment, dated_by, folder, len(manifest), changed, parent, head, ref, tag)
+
+
+def _dated_by_mtime(entries: list[StatEntry]) -> tuple[datetime, str]:
+    """The import's date when ``--date`` is not given: its newest file's mtime (never later than now)."""
+    newest = max(entries, key=lambda e: e.mtime_ns)
+    stamp = min(newest.mtime_ns / 1e9, datetime.now(timezone.utc).timestamp())
+    return (datetime.fromtimestamp(int(stamp), timezone.utc).astimezone(),
+            f"the newest file's mtime ({newest.path})")
+
+
+def _store_files(store: Store, importer: Importer, transport: Transport, listed: list[StatEntry],
+                 folder_text: str) -> Manifest:
+    """Read every listed file and write its content into the store as it arrives (a large
+    file in pieces, hashed on the way, as a pull does); the manifest of what was read."""
+    by_path = {entry.path: entry for entry in listed}
+    present = store.existing(entry.oid for entry in listed if entry.oid)
+    entries = []
+    for path, kind, data in transport.stream_files(list(by_path)):
+        if kind is None:
+            raise UsageError(f"{path} vanished from {folder_text} while it was read; run the import again")
+        if isinstance(data, StreamedFile):
+            digest = blake3.blake3()
+            try:
+                oid = importer.add_blob_stream(data.size, data, (digest,))
+            except FileChanged:
+                continue  # read again: the next item is this path once more
+            size = data.size
+        else:
+            oid, digest, size = blob_oid(data), blake3.blake3(data), len(data)
+            if oid not in present:
+                importer.add_blob(data, oid)
+        entries.append(Entry(path, kind, by_path[path].mode, size, digest.hexdigest(), oid))
+    return Manifest.of(entries)
+
+
+def _import_meta(store: Store, node: str, folder: FolderTree, moment: datetime, dists: list[list[str]],
+                 manifest: Manifest, changed: int, message: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
+        "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout,
+        "site_packages": folder.site,
+        "time": moment.isoformat(timespec="seconds"),
+        "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "paths": list(folder.tracked), "exclude": list(folder.exclude), "dists": dists, "files": len(manifest), "changed": changed,
+        "bytes": manifest.total_size(),
+    }
+    if message:
+        meta["message"] = message
+    return meta

@@ -606,7 +606,7 @@ def _snapshot(store: Store, plans: list[NodePlan],
 def execute(store: Store, plans: list[NodePlan], record: Record, health: str | None = None,
             health_timeout: float = 300.0, keep_going: bool = False, undo_failed: bool = True,
             on_node: Callable[[NodeRun], None] | None = None,
-            hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
+            hooks: dict[str, Hooks] | None = None, after_interrupt: bool = False) -> list[NodeRun]:
     """Apply every plan that has writes (see the module docstring for the order).
 
     ``hooks`` (per node): after the write, restart and wait until healthy; a failure
@@ -617,6 +617,7 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
     An interrupt (Ctrl-C, SIGTERM) stops the nodes still sending (nothing is committed
     there: ``cancelled``), undoes by the compare-and-swap rule the nodes already written,
     records the outcome and returns; the caller then raises the interrupt.
+    ``after_interrupt``: an undo of what an interrupted command wrote, run in full.
     """
     busy = [p for p in plans if p.writes]
     runs = {p.node: NodeRun(p.node) for p in busy}
@@ -650,12 +651,12 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
         def apply(plan: NodePlan) -> None:
             run = runs[plan.node]
             began = time.monotonic()
-            if (stop.is_set() and not keep_going) or interrupt.requested():
+            if (stop.is_set() and not keep_going) or (interrupt.requested() and not after_interrupt):
                 return
             try:
                 if plan.transport is None:
                     plan.transport = open_node(plan.spec)
-                result = write_node(store, plan.transport, plan.spec, plan.steps)
+                result = write_node(store, plan.transport, plan.spec, plan.steps, abortable=not after_interrupt)
                 run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
                 answered.add(plan.node)
                 if result.error is not None:

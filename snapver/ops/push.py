@@ -23,7 +23,7 @@ from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
                               PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
-from snapver.ops.waves import run_waves
+from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
 
@@ -277,12 +277,14 @@ def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: boo
 @dataclass
 class WavesResult(PushResult):
     """A push in waves: ``finished`` waves of ``waves``; nodes of later waves untouched.
-    ``rolled_back``: the rollbacks of the finished waves' nodes after a later wave failed."""
+    ``rolled_back``: the rollbacks of the finished waves' nodes after a later wave failed
+    (or the push was interrupted); ``why`` it stopped (see ``ops/waves``)."""
 
     waves: list[list[str]] = field(default_factory=list)
     finished: int = 0
     spec: str = ""
     rolled_back: list[NodeRun] = field(default_factory=list)
+    why: str | None = None
 
     @property
     def stopped(self) -> bool:
@@ -300,7 +302,8 @@ class WavesResult(PushResult):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "waves": self.waves, "waves_finished": self.finished, "waves_spec": self.spec,
-                "stopped": self.stopped, "rolled_back": [run.to_json() for run in self.rolled_back]}
+                "stopped": self.stopped, "stop_reason": self.why,
+                "rolled_back": [run.to_json() for run in self.rolled_back]}
 
 
 def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
@@ -312,9 +315,11 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     rolls back its wave and the waves that finished before it, unless ``keep_going``
     (SPEC: the nodes already written are rolled back), and stops the push: later waves
     are not written, and their nodes get a "cancelled" record saying where the push
-    stopped. ``roll_back_finished`` overrides whether the finished waves are rolled back
-    (None: unless ``keep_going``). ``between(next_wave_index, its nodes)`` may stop the
-    push between waves (False): no node failed, so the finished waves stay patched."""
+    stopped. A wave that cannot start (a node lost while it waited) and an interrupt
+    (in a wave, or the pause before one) end the push by the same rule. ``roll_back_finished``
+    overrides whether the finished waves are rolled back (None: unless ``keep_going``).
+    ``between(next_wave_index, its nodes)`` may stop the push between waves (False): no
+    node failed, so the finished waves stay patched."""
     if plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
         apply_push(store, plan)  # raises the refusal
     patch = plan.patch
@@ -325,13 +330,13 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     outcome = run_waves(store, ready, spec, record,
                         lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks),
                         between, on_wave)
-    result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec)
-    failed = any(run.state in ("failed", "rolled-back") for run in outcome.runs)
+    result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec, why=outcome.why)
     if roll_back_finished is None:
         roll_back_finished = not keep_going
-    # An interrupt undid the wave it stopped; what follows it is the caller's to decide.
-    if failed and roll_back_finished and not interrupt.requested():
-        result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+    if outcome.why in (FAILED, INTERRUPTED) and roll_back_finished:
+        # In order, to the end: an interrupt's cut of busy connections must not reach these.
+        with interrupt.deferred():
+            result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
     return result
 
 
@@ -351,7 +356,7 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
             continue
         try:
             with plan_rollback(store, config, run.node) as plan:
-                done = apply_rollback(store, plan, hooks)
+                done = apply_rollback(store, plan, hooks, after_interrupt=interrupt.requested())
         except SnapverError as exc:
             done = NodeRun(run.node, "failed", error=exc)
         undone.append(done if done is not None else NodeRun(run.node, "done"))

@@ -148,10 +148,12 @@ def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Man
     return undo_steps(live, {p: wrote[p] for p in paths}, {p: before.get(p) for p in paths}, force)
 
 
-def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | None = None) -> NodeRun | None:
+def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | None = None,
+                   after_interrupt: bool = False) -> NodeRun | None:
     """Write the plan; with nothing to write, only close an interrupted push's record.
     Refuses a plan with conflicts (files changed since the push wrote them). ``hooks``:
-    restart and health checks after writing (a failure is reported; the restored files stay)."""
+    restart and health checks after writing (a failure is reported; the restored files stay).
+    ``after_interrupt``: undoing what an interrupted command wrote: run in full."""
     if plan.node.conflicts:
         paths = [step.path for step in plan.node.conflicts]
         raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
@@ -167,7 +169,7 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
             commit = write_records(store, record, [{"node": plan.node.node, "state": "done", "tree": head,
                                                     "before": head, "after": head, "written": 0, "deleted": 0}])
         return NodeRun(plan.node.node, "done", head, head, commit[plan.node.node])
-    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks)
+    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks, after_interrupt=after_interrupt)
     return runs[0]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
 from snapver.model import StatEntry
-from snapver.transport.base import Listing, RawChannel, StatKeys, Transport, agent_command
+from snapver.transport.base import FileItem, Listing, RawChannel, StatKeys, Transport, agent_command
 
 
 class LocalTransport(Transport):
@@ -84,6 +84,10 @@ class FolderTransport(LocalTransport):
 
     def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
         for path, kind, data in super().read_files([self._to_disk(p) for p in paths], compress_level):
+            yield self._to_tracked(path), kind, data
+
+    def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
+        for path, kind, data in super().stream_files([self._to_disk(p) for p in paths], compress_level):
             yield self._to_tracked(path), kind, data
 
     def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[

@@ -183,6 +183,26 @@ def sshd_session_pids(sshd_dir: Path) -> set[int]:
     return {pid for server in servers for pid in descendants(server) if cmdline(pid).startswith("sshd: root@notty")}
 
 
+def sshd_sessions_on(sshd_dir: Path, address: str) -> set[int]:
+    """The ``sshd: root@notty`` sessions whose TCP connection came in on ``address`` (one
+    node's, as each node has its own loopback address): matched through the socket inodes
+    in ``/proc/PID/fd`` and the local addresses in ``/proc/net/tcp``."""
+    local = {}
+    with open("/proc/net/tcp") as handle:
+        for row in list(handle)[1:]:
+            fields = row.split()
+            local[fields[9]] = socket.inet_ntoa(struct.pack("<I", int(fields[1].split(":")[0], 16)))
+    found = set()
+    for pid in sshd_session_pids(sshd_dir):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if any(local.get(link[len("socket:["):-1]) == address for link in links if link.startswith("socket:[")):
+            found.add(pid)
+    return found
+
+
 def io_bytes(pid: int, field: str) -> int:
     """``rchar``/``wchar`` of a process (/proc/PID/io): bytes it has read/written, sockets included."""
     try:

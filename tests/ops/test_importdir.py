@@ -222,3 +222,34 @@ def test_a_symlink_pointing_outside_is_recorded_as_a_link(story: dict) -> None:
     # Nothing behind the links was read: no tree under up/, no blob of the secret.
     assert not git("ls-tree", "-r", commit, "sglang/srt/up/")
     assert hash_object(secret) not in git("ls-tree", "-r", commit)
+
+
+def test_a_folder_with_a_300mb_file_is_imported_in_bounded_memory(write_config, local_node, make_site_packages,
+                                                                   tmp_path: Path) -> None:
+    """A copy of srt holding 300 small files (30 MB) and a 300 MB file: the import stays
+    within the client's 100 MiB (SPEC) as a pull of it does — each file stored as it is
+    read, never the folder whole. The snapshot holds every file byte for byte (git's own
+    ids, checked by `git fsck`), the big one with its blake3 in the manifest."""
+    from ops.test_pull_big_files import MiB, file_digests, snapver_measured, write_big  # tests/ is on sys.path
+
+    write_config({"ct200": local_node(make_site_packages("ct200", files={"sglang/srt/x.py": "x = 1\n"}))})
+    folder = tmp_path / "old-srt"
+    for index in range(300):
+        (folder / f"layers/l{index // 30}").mkdir(parents=True, exist_ok=True)
+        (folder / f"layers/l{index // 30}/m{index}.py").write_bytes(os.urandom(100 * 1024))
+    write_big(folder / "lib/libbig.so", 300, b"import")
+    code, output, peak_kib = snapver_measured("import", str(folder), "--root", "sglang/srt", "--node", "ct200",
+                                              "--date", "2026-05-22", "--tag", "old", timeout=300)
+    assert code == 0, output
+    print(f"import: client peak {peak_kib // 1024} MiB")
+    assert peak_kib <= 100 * 1024, f"import: client peak {peak_kib // 1024} MiB"
+    tree = {line.split("\t", 1)[1]: line.split()[2] for line in git("ls-tree", "-r", "old").splitlines()}
+    oid, digest = file_digests(folder / "lib/libbig.so")
+    assert tree["sglang/srt/lib/libbig.so"] == oid
+    assert git("cat-file", "-s", oid).strip() == str(300 * MiB)
+    assert digest in git("show", "old:.snapver/manifest")
+    for index in (0, 151, 299):
+        path = f"layers/l{index // 30}/m{index}.py"
+        assert tree[f"sglang/srt/{path}"] == hash_object(folder / path), path
+    assert len([path for path in tree if path.startswith("sglang/srt/")]) == 301
+    git("fsck", "--full", "--strict", "--no-dangling")

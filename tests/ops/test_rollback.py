@@ -175,3 +175,73 @@ def test_rollback_of_a_node_a_stopped_push_never_reached_warns(make_site_package
         assert "before the push of p1" in plan.reason
     with plan_rollback(store, config, "n1") as plan:
         assert plan.node.notes == [] and "before the push of p2" in plan.reason
+
+
+def _push(store: Store, config, name: str, rel: str, old: str, new: str, health: str | None = None) -> str:
+    """Import patch ``name`` (``rel``: ``old`` → ``new``) on n1's newest snapshot and push it; its state."""
+    var = rel[-4]
+    diff = f"--- a/{rel}\n+++ b/{rel}\n@@ -1 +1 @@\n-{var} = {old}\n+{var} = {new}\n".encode()
+    import_patch(store, config, name, diff, name, "n1", ["n1"])
+    with plan_push(store, config, name) as plan:
+        [run] = apply_push(store, plan, health=health).nodes
+    return run.state
+
+
+def test_a_failed_push_after_a_good_one_keeps_the_restore_point_before_the_good_one(
+        make_site_packages, write_config, local_node, run_snapver, isolated_env):
+    """p1 written; p2 fails its health check and is rolled back: `rollback n1` undoes p1,
+    to the snapshot taken before p1 (the rolled-back p2 is not "the last push")."""
+    site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n", "sglang/srt/b.py": "b = 1\n"})
+    config_path = write_config({"n1": local_node(site)})
+    store, config = snapshot(config_path, "n1"), load_config(str(config_path))
+    original = tree_hashes(site)
+    assert _push(store, config, "p1", "sglang/srt/a.py", "1", "2") == "done"
+    assert _push(store, config, "p2", "sglang/srt/b.py", "1", "2", health="exit 1") == "rolled-back"
+    p1_before = [r for r in records(isolated_env / "snapshots", "n1") if r.get("patch") == "p1"][0]["before"]
+
+    result = run_snapver("rollback", "n1", "--yes", "--json")
+    assert result.code == 0, result
+    document = json.loads(result.out)
+    assert document["target"] == p1_before and "before the push of p1" in document["reason"], document
+    assert tree_hashes(site) == original
+
+
+def test_a_push_after_a_failed_one_keeps_its_restore_point(make_site_packages, write_config, local_node,
+                                                           run_snapver, isolated_env):
+    """p1's undo is refused (its health check edits the file it wrote: left alone, record
+    "failed", the node part-written); p2 then goes through: its record still restores to
+    before p1, and so does `rollback n1`."""
+    site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n", "sglang/srt/b.py": "b = 1\n"})
+    config_path = write_config({"n1": local_node(site)})
+    store, config = snapshot(config_path, "n1"), load_config(str(config_path))
+    edits = "echo '# hand-fixed' >> \"$SNAPVER_SITE_PACKAGES/sglang/srt/a.py\"; exit 1"
+    assert _push(store, config, "p1", "sglang/srt/a.py", "1", "2", health=edits) == "failed"
+    assert (site / "sglang/srt/a.py").read_text() == "a = 2\n# hand-fixed\n"
+    assert _push(store, config, "p2", "sglang/srt/b.py", "1", "2") == "done"
+    p2, p1 = records(isolated_env / "snapshots", "n1")[0], records(isolated_env / "snapshots", "n1")[2]
+    assert (p2["patch"], p2["state"], p1["patch"], p1["state"]) == ("p2", "done", "p1", "failed")
+    assert p2["restore"] == p1["before"] != p2["before"]
+
+    result = run_snapver("rollback", "n1", "--yes", "--json")
+    assert result.code == 0, result
+    assert json.loads(result.out)["target"] == p1["before"], result.out
+    assert (site / "sglang/srt/b.py").read_text() == "b = 1\n"
+
+
+def test_a_push_after_a_rolled_back_one_restores_to_its_own_before_snapshot(
+        make_site_packages, write_config, local_node, run_snapver, isolated_env):
+    """p1 written; p2 rolled back (health); p3 written: `rollback n1` undoes p3 alone, to the
+    snapshot taken just before p3 (p1 stays); neither finished push carries an older point."""
+    site = make_site_packages("n1", files={"sglang/srt/a.py": "a = 1\n", "sglang/srt/b.py": "b = 1\n"})
+    config_path = write_config({"n1": local_node(site)})
+    store, config = snapshot(config_path, "n1"), load_config(str(config_path))
+    assert _push(store, config, "p1", "sglang/srt/a.py", "1", "2") == "done"
+    assert _push(store, config, "p2", "sglang/srt/b.py", "1", "2", health="exit 1") == "rolled-back"
+    assert _push(store, config, "p3", "sglang/srt/b.py", "1", "3") == "done"
+    p3 = records(isolated_env / "snapshots", "n1")[0]
+    assert p3["patch"] == "p3" and p3["restore"] == p3["before"]
+
+    result = run_snapver("rollback", "n1", "--yes", "--json")
+    assert result.code == 0, result
+    assert json.loads(result.out)["target"] == p3["before"], result.out
+    assert (site / "sglang/srt/a.py").read_text() == "a = 2\n" and (site / "sglang/srt/b.py").read_text() == "b = 1\n"
