@@ -60,8 +60,8 @@ def render_ps(result: Any) -> None:
                   + (f", [red]{needing} need a restart[/red]" if needing else ""))
         for process in node.processes:
             mark = "[red]restart needed[/red]" if process.restart_needed else "[green]current[/green]"
-            out.print(f"  {process.pid:>7}  {escape(process.user)}  started {started_text(process)}  {mark}  "
-                      f"{escape(process.command)}")
+            out.print(f"  {process.pid:>7}  {show_path(process.user)}  started {started_text(process)}  {mark}  "
+                      f"{escape(process.command)}")  # escape(): control characters quoted
             for item in process.files[:FILES_SHOWN]:
                 how = "old code (replaced .so still mapped)" if item.certain else "may run old code"
                 out.print(f"           {show_path(item.path)}: {how}")

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 from snapver.cli.app import STATE
 
@@ -294,25 +294,34 @@ def human_bytes(count: float) -> str:
 
 
 def escape(text: str) -> str:
-    """Make text safe for rich markup (and keep odd bytes printable): `rich.markup.escape`."""
+    """Make text safe for rich markup (`rich.markup.escape`) and for the terminal: odd bytes
+    printable, control characters (but newline and tab) C-escaped as `show_path` writes them."""
+    from snapver.model import quote_controls
+
     markup = _ESCAPE.sub(lambda match: f"{match[1]}{match[1]}\\{match[2]}",
-                         text.encode("utf-8", "backslashreplace").decode("utf-8"))
+                         quote_controls(text).encode("utf-8", "backslashreplace").decode("utf-8"))
     if markup.endswith("\\") and not markup.endswith("\\\\"):
         return markup + "\\"
     return markup
 
 
 def show_path(path: str, markup: bool = True) -> str:
-    """A file name (or other one-line text from the store, a message) as every command prints
-    it: C-quoted in double quotes, as git quotes it, when it holds a control character
-    (newline, ESC…), a quote, a backslash or bytes that are not UTF-8 — so a name can
-    neither break a line nor drive the terminal; as it is otherwise. Markup-escaped for a
-    console, unless ``markup`` is False (bytes written raw).
+    """A file name, or any other one-line text a node or the store gave (a version, a writer
+    id, a message, a hostname, a python path), as every command prints it: C-quoted in double
+    quotes, as git quotes it, when it holds a control character (newline, ESC…), a quote, a
+    backslash or bytes that are not UTF-8 — so it can neither break a line nor drive the
+    terminal; as it is otherwise. Markup-escaped for a console (``[red]`` stays text), unless
+    ``markup`` is False (bytes written raw).
     """
     from snapver.model import quote_path
 
     quoted = quote_path(path)
     return escape(quoted) if markup else quoted
+
+
+def show_list(texts: Iterable[str], separator: str = ", ") -> str:
+    """Several such texts (versions, tags, node names), each as `show_path` shows it."""
+    return separator.join(show_path(text) for text in texts)
 
 
 def print_error(error: Any) -> None:
