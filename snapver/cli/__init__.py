@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
     except SystemExit as exc:
         # typer turns a BrokenPipeError on stdout into a silent exit 1; `snapver log | head`
-        # got what it wanted: the command ends quietly, 0 (SPEC: 1 means differences found).
+        # got what it wanted: the command ends quietly with its result's code (render.outcome:
+        # 1 only when differences were found).
         if exc.code == 1 and _stdout_closed():
-            sys.exit(0)
+            sys.exit(STATE.outcome)
         raise
     except SnapverError as exc:
         if interrupt.requested():  # a connection cut by the interrupt failed the command
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(interrupt.exit_code())
     except BrokenPipeError as exc:
         if _stdout_closed():  # `snapver log | head`: the reader has all it wanted
-            sys.exit(0)
+            sys.exit(STATE.outcome)
         # A pipe to a helper process (git) broke: a failure, never a silent success.
         print(f"snapver: error: internal error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -139,6 +139,7 @@ class Globals:
     color: bool = True
     no_pager: bool = False
     wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
+    outcome: int = 0  # the exit code of the result being printed (render.outcome)
 
     def config(self) -> "Config":
         from snapver.config import load_config
@@ -239,6 +240,7 @@ def main_options(
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
     STATE.no_pager = no_pager
     STATE.command, STATE.auto_synced, STATE.opened = ctx.invoked_subcommand, False, None
+    STATE.outcome = 0
     if ctx.invoked_subcommand in SYNC_AFTER:
         ctx.call_on_close(_sync_after)
     if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:

@@ -8,7 +8,7 @@ from typing import Any, List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_path
 
 FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to the agent's cap)
 
@@ -32,6 +32,7 @@ def ps(
 
     config = STATE.config()
     result = run_ps(config.select(targets or [], all_nodes=not targets))
+    outcome(result.exit_code)
     if json_out:
         emit_json(result.to_json())
         return result.exit_code

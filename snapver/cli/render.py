@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional, Union
 
 from snapver.cli.app import STATE
 
@@ -46,15 +46,14 @@ def _console_class() -> type[Console]:
     from rich.console import Console
 
     class QuietPipeConsole(Console):
-        """rich's Console, ending quietly with 0 when stdout's reader has gone, as
-        ``PlainConsole.write`` does (rich's own handler exits 1: "differences found")."""
+        """rich's Console, ending as ``PlainConsole.write`` does when stdout's reader has gone
+        (`reader_gone`; rich's own handler exits 1 whatever was found)."""
 
         def on_broken_pipe(self) -> None:
             if self.stderr:
                 super().on_broken_pipe()
             self.quiet = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0)
+            reader_gone()
 
     return QuietPipeConsole
 
@@ -113,8 +112,22 @@ class PlainConsole:
                 raise
             stream.flush()
         except BrokenPipeError:  # `snapver log | head`: the reader has all it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0) from None  # quietly, and never 1: that means "differences found"
+            reader_gone()
+
+
+def outcome(code: int) -> int:
+    """``code``, kept as the command's exit code should stdout's reader go away while its
+    result is printed (`reader_gone`): a command calls it before printing a result whose
+    code says something (1: differences found)."""
+    STATE.outcome = code
+    return code
+
+
+def reader_gone() -> NoReturn:
+    """stdout's reader has gone (`snapver diff | head`): stop printing, quietly, and exit
+    with the code of the result being printed (`outcome`; 0 when the command set none)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(STATE.outcome)
 
 
 def plain_text(markup: object) -> Optional[str]:

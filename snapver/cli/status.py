@@ -10,7 +10,7 @@ import typer
 
 
 from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
-from snapver.cli.render import console, emit_json, escape, print_error, print_table, show_list, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
 MATRIX_BLOCK = 8
@@ -59,11 +59,13 @@ def status(
     result = run_status(store, specs, checksum, config=config, against=against)
     if files:
         matrix = fleet_matrix(result, paths)
+        outcome(matrix.exit_code)
         if json_out:
             emit_json(matrix.to_json())
         else:
             render_matrix(matrix)
         return matrix.exit_code
+    outcome(result.exit_code)
     if json_out:
         emit_json({"nodes": [n.to_json() for n in result.nodes], "against": against, "exit_code": result.exit_code})
         return result.exit_code

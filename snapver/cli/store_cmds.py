@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import (HeldOutput, console, emit_json, escape, fields_line, human_bytes, print_table,
-                                 show_list, show_path)
+from snapver.cli.render import (HeldOutput, console, emit_json, escape, fields_line, human_bytes, outcome,
+                                 print_table, show_list, show_path)
 
 if TYPE_CHECKING:
     from snapver.model import Entry
@@ -73,7 +73,7 @@ def nodes(
 
     config = STATE.config()
     checks = list_nodes(config, check)
-    code = max((c.exit_code for c in checks), default=0)
+    code = outcome(max((c.exit_code for c in checks), default=0))
     if json_out:
         emit_json({"nodes": [c.to_json() for c in checks],
                    "groups": {name: list(members) for name, members in config.groups.items()},

@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error, show_list, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
 
 
 @app.command()
@@ -27,7 +27,7 @@ def verify(
 
     config = STATE.config()
     results = run_verify(config.select(targets))
-    code = max((r.exit_code for r in results), default=0)
+    code = outcome(max((r.exit_code for r in results), default=0))
     if json_out:
         emit_json({"nodes": [r.to_json() for r in results], "exit_code": code})
         return code
