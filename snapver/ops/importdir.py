@@ -21,12 +21,12 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
 from snapver.config import Config, valid_node_name
-from snapver.errors import RefError, UsageError
+from snapver.errors import RefError, RemotePathError, UsageError
 from snapver.model import Entry, Manifest
 from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
@@ -34,6 +34,9 @@ from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
 from snapver.store.repo import Store, blob_oid, format_message
 from snapver.store.team import TeamView, writer_of
+
+if TYPE_CHECKING:
+    from snapver.transport.base import Listing
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
 DATE_FORM = "YYYY-MM-DD, YYYY-MM-DDTHH:MM (local time) or may22"
@@ -95,6 +98,42 @@ def _check_node_name(config: Config, node: str) -> None:
         raise UsageError(f"invalid node name {shown!r}", hint="letters, digits, '.', '_' or '-', at most 100")
 
 
+def _read_folder(folder: FolderTree, folder_text: str,
+                 node: str) -> tuple[Listing, dict[str, tuple[str, bytes]], list[list[str]]]:
+    """The folder's listing, each file's (kind, content) and its distributions. A path the
+    folder's reader refuses (a tracked folder that is a link) is a bad folder, exit 2 — not
+    a node that failed (exit 3, "`snapver nodes --check`")."""
+    from snapver.transport.local import FolderTransport
+
+    try:
+        with FolderTransport(folder.spec(), folder.roots) as transport:
+            listing = transport.list_tree()
+            if not listing.entries:
+                raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})",
+                                 hint="an import records the files under the tracked paths; "
+                                 "--root PREFIX says which one the folder is")
+            listed = listing.by_path()
+            contents: dict[str, tuple[str, bytes]] = {}
+            for path, kind, data in transport.read_files(list(listed)):
+                if kind is None:
+                    raise UsageError(f"{path} vanished from {folder_text} while it was read; run the import again")
+                contents[path] = (kind, data)
+            dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
+    except RemotePathError as exc:
+        raise UsageError(exc.message, hint=_through_link_hint(folder, node)) from exc
+    return listing, contents, dists
+
+
+def _through_link_hint(folder: FolderTree, node: str) -> str:
+    """Where a tracked folder that is reached through a link really is: import that."""
+    site = os.path.realpath(folder.site)
+    for disk, _ in folder.roots:
+        real = os.path.realpath(os.path.join(folder.site, disk))
+        if real != os.path.join(site, disk):
+            return f"an import never reads through a link: import the folder it leads to (snapver import {real} --node {node})"
+    return "an import never reads through a link; see `snapver import --help`"
+
+
 def import_folder(store: Store, config: Config, folder_text: str, node: str, date: str | None = None,
                   tag: str | None = None, message: str = "", root: str | None = None) -> ImportResult:
     """Record the folder ``folder_text`` as a snapshot of ``node`` (see the module's docstring).
@@ -117,19 +156,8 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
         tracked = tracked_paths(config)
     folder = resolve_folder(folder_text, config, store, root, tracked)
 
-    from snapver.transport.local import FolderTransport
-
-    with FolderTransport(folder.spec(), folder.roots) as transport:
-        listing = transport.list_tree()
-        if not listing.entries:
-            raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})")
-        listed = listing.by_path()
-        contents: dict[str, tuple[str, bytes]] = {}
-        for path, kind, data in transport.read_files(list(listed)):
-            if kind is None:
-                raise UsageError(f"{path} vanished from {folder_text} while it was read; run the import again")
-            contents[path] = (kind, data)
-        dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
+    listing, contents, dists = _read_folder(folder, folder_text, node)
+    listed = listing.by_path()
     dated_by = "--date"
     if moment is None:
         newest = max(listing.entries, key=lambda e: e.mtime_ns)
