@@ -180,7 +180,9 @@ def auto_sync(store: "Store", config: "Config") -> None:
     except SnapverError as exc:
         import sys
 
-        print(f"snapver: warning: not synced with the team ({exc.message}); working offline",
+        from snapver.model import quote_controls
+
+        print(f"snapver: warning: not synced with the team ({quote_controls(exc.message)}); working offline",
               file=sys.stderr)
 
 

@@ -100,3 +100,18 @@ def test_a_writer_message_and_facts_from_the_store_are_quoted(make_site_packages
         assert result.code == 0, (command, result)
         assert OUR_COLOURS.search(result.out) or command[0] == "show", (command, result)
         assert_quoted(result.out + result.err, command)
+
+
+def test_the_team_sync_warning_quotes_what_it_was_told(make_site_packages, local_node, write_config,
+                                                       run_snapver) -> None:
+    """`[store] sync = "auto"` that cannot reach its remote warns on stderr with the reason,
+    which names the remote: its escape sequence is quoted there too."""
+    site = make_site_packages("n", files={f"{SRT}/a.py": "a = 1\n"})
+    config = write_config({"n": local_node(site)})
+    assert run_snapver("pull", "n").code == 0
+    remote = "/nonexistent/\x1b[2Jteam.git"
+    config.write_text(config.read_text().replace('path = "snapshots"\n', 'path = "snapshots"\nremote = '
+                                                 + json.dumps(remote) + '\nsync = "auto"\n'))
+    result = run_snapver("log", env=COLOUR)
+    assert result.code == 0 and "not synced with the team" in result.err, result
+    assert "\x1b" not in result.err and "/nonexistent/\\033[2Jteam.git" in result.err, result
