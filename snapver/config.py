@@ -291,6 +291,9 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         raise fail(prefix.rstrip("."), "needs site_packages or python")
     if not local and not merged.get("host"):
         raise fail(prefix + "host", "missing (or set local = true)")
+    problem = host_problem(merged["host"]) if merged.get("host") else ""
+    if problem:
+        raise fail(prefix + "host", problem)
     policy = merged.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
         raise fail(prefix + "host_key_policy", f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {policy!r}")
@@ -352,6 +355,21 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         health_url=health_url,
         health_timeout=float(health_timeout),
     )
+
+
+def host_problem(host: str) -> str:
+    """Why ``host`` cannot be a node's host ("" when it can). Fabric would read a user out of
+    ``user@host`` and a port out of ``host:port`` (and fail inside the connect when `user` is
+    set as well): each has a key of its own. Two colons or more are an IPv6 address."""
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in host):
+        return f"expected a host name, an address or an ~/.ssh/config alias, got {host!r}"
+    if "@" in host:
+        user, _, rest = host.rpartition("@")
+        return f"{host!r} holds a user: write host = {rest!r} and user = {user!r}"
+    if host.startswith("[") or host.count(":") == 1:
+        name, _, port = host.rpartition(":")
+        return f"{host!r} holds a port: write host = {name.strip('[]')!r} and port = {port or 'N'}"
+    return ""
 
 
 def url_problem(url: str) -> str:

@@ -191,6 +191,16 @@ def quote_path(path: str) -> str:
     return "".join(out)
 
 
+# Control characters but newline and tab: what would drive a terminal from inside a line.
+_CONTROLS = re.compile("[\\x00-\\x08\\x0b-\\x1f\\x7f]")
+
+
+def quote_controls(text: str) -> str:
+    """``text`` with each control character but newline and tab written as :func:`quote_path`
+    writes it (ESC as ``\\033``): for text that is not one name (a message, an error line)."""
+    return _CONTROLS.sub(lambda found: quote_path(found.group())[1:-1], text)
+
+
 def unquote_path(text: str) -> str:
     """Inverse of :func:`quote_path` (also reads git's own quoted paths); ValueError if malformed."""
     if not (len(text) >= 2 and text.startswith('"') and text.endswith('"')):

@@ -226,7 +226,29 @@ BAD_CONFIGS = [
     ("group-named-like-node", {"n": _node()}, {"n": ["n"]}, None, "groups.n", "share"),
     ("bad-node-name", {"a b": _node()}, None, None, "nodes.a b", "node name"),
     ("long-node-name", {"n" * 101: _node()}, None, None, "nodes." + "n" * 101, "at most 100"),
+    # Fabric reads `user@host:port` out of a host: it met `user` and failed inside the connect.
+    ("host-with-user", {"n": _node(host="root@127.0.2.1")}, None, {"user": "root"}, "nodes.n.host", "user"),
+    ("host-with-port", {"n": _node(host="127.0.2.1:2222")}, None, None, "nodes.n.host", "port"),
+    ("host-with-space", {"n": _node(host="a b")}, None, None, "nodes.n.host", "a host name"),
+    ("host-bracketed", {"n": _node(host="[::1]:22")}, None, None, "nodes.n.host", "port"),
 ]
+
+
+def test_an_ipv6_host_is_a_host(write_config) -> None:
+    """Colons alone do not make a port: `::1` and `fe80::1` are addresses."""
+    for host in ("::1", "fe80::1", "ct200.example", "10.0.0.1"):
+        assert load_config(str(write_config({"n": _node(host=host)}))).nodes["n"].host == host
+
+
+def test_a_host_holding_a_user_is_a_config_error_not_an_internal_one(write_config, run_snapver) -> None:
+    """`host = "root@127.0.2.1"` with `user = "root"`: `nodes --check` was an internal error
+    (Fabric: "You supplied the user via both shorthand and kwarg!"), exit 1."""
+    write_config({"n": _node(host="root@127.0.2.1", connect_timeout=1)}, defaults={"user": "root"})
+    for command in (["nodes", "--check"], ["pull", "n"]):
+        result = run_snapver(*command)
+        lines = result.err.splitlines()
+        assert result.code == 2 and lines[0].startswith("snapver: error: ") and "nodes.n.host" in lines[0], result
+        assert "internal error" not in result.err and len(lines) == 2 and lines[1].startswith("hint: "), result
 
 
 @pytest.mark.parametrize(("nodes", "groups", "defaults", "key", "reason"),

@@ -370,3 +370,37 @@ def test_cli_show_resolves_refs_and_fails_cleanly(world: dict, run_snapver) -> N
     for args in (["diff", "-x"], ["diff", "-q", "--", "-x"], ["diff"]):
         result = run_snapver("--config", config, *args)
         assert result.code == 2 and "Traceback" not in result.err, result
+
+
+def test_node_at_an_iso_time_is_local_time_in_the_command(world: dict, run_snapver) -> None:
+    """`ct200@YYYY-05-22T13:30` five hours west of Greenwich is 18:30 UTC: d3 (18:00 UTC) was
+    taken by then; read as UTC it is d2 (09:00); five hours east, 08:30 UTC: d1 (the 20th).
+    TZ is set in the command's environment."""
+    config = str(world["config_path"])
+    for zone, expected in (("XST+5", "d3"), ("UTC", "d2"), ("XST-5", "d1")):
+        shown = run_snapver("--config", config, "show", "--json", f"ct200@{YEAR}-05-22T13:30", env={"TZ": zone})
+        assert shown.code == 0, (zone, shown)
+        assert json.loads(shown.out)["id"] == world["ids"][expected], (zone, shown)
+
+
+def test_node_at_its_tag_is_the_tagged_snapshot_when_another_was_taken_the_same_second(world: dict) -> None:
+    """`twin@t` where t names twin's snapshot s1 and s2 (its newest) was taken in the same
+    second: s1, the tag's — not the newest snapshot taken at or before the tag's time.
+    Another node's snapshot of that very second is what it ran when t was taken."""
+    git_dir = world["config"].store_path
+    tree_id = _git(git_dir, "rev-parse", "refs/heads/nodes/ct200^{tree}")
+    when = f"{YEAR}-06-01T12:00:00+0000"
+    s1 = _commit(git_dir, tree_id, when, "twin")
+    s2 = _commit(git_dir, tree_id, when, "twin", s1, extra={"message": "same second"})
+    other = _commit(git_dir, tree_id, when, "twin2")
+    refs = {"refs/heads/nodes/twin": s2, "refs/tags/t": s1, "refs/heads/nodes/twin2": other}
+    for ref, commit in refs.items():
+        _git(git_dir, "update-ref", ref, commit)
+    try:
+        assert snap(world, "twin@t") == s1
+        assert snap(world, "t") == s1
+        assert snap(world, "twin@latest") == s2
+        assert snap(world, "twin2@t") == other  # taken at the tag's second: at or before it
+    finally:
+        for ref in refs:
+            _git(git_dir, "update-ref", "-d", ref)

@@ -15,6 +15,7 @@ from typer._click import ClickException
 from snapver import interrupt
 from snapver.cli.app import STATE, app
 from snapver.errors import SnapverError
+from snapver.model import quote_controls
 
 # The modules that register commands on ``app`` are imported when their command is asked
 # for (see COMMANDS in cli/app.py); operations are imported inside the commands.
@@ -42,9 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         code = command.main(args=argv, prog_name="snapver", standalone_mode=False)
     except SystemExit as exc:
         # typer turns a BrokenPipeError on stdout into a silent exit 1; `snapver log | head`
-        # got what it wanted: the command ends quietly, 0 (SPEC: 1 means differences found).
+        # got what it wanted: the command ends quietly with its result's code (render.outcome:
+        # 1 only when differences were found).
         if exc.code == 1 and _stdout_closed():
-            sys.exit(0)
+            sys.exit(STATE.outcome)
         raise
     except SnapverError as exc:
         if interrupt.requested():  # a connection cut by the interrupt failed the command
@@ -52,10 +54,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(interrupt.exit_code())
         if STATE.verbose:
             traceback.print_exc()
-        print(f"snapver: error: {exc.message}", file=sys.stderr)
+        # A message may hold what a node said: its control characters are quoted.
+        print(f"snapver: error: {quote_controls(exc.message)}", file=sys.stderr)
         hint = exc.shown_hint
         if hint:
-            print(f"hint: {hint}", file=sys.stderr)
+            print(f"hint: {quote_controls(hint)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Abort:  # click turns a KeyboardInterrupt (or end of input) at a prompt into Abort
         if sys.stderr.isatty():  # the cursor is still on the prompt's line: leave it first
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as exc:  # a usage error: one line and a hint, as every other error
         message = exc.format_message()
         if message:  # none after the help a bare `snapver` (or `snapver patch`) shows instead
-            print(f"snapver: error: {message}", file=sys.stderr)
+            print(f"snapver: error: {quote_controls(message)}", file=sys.stderr)
             context = getattr(exc, "ctx", None)
             print(f"hint: see `{context.command_path if context else 'snapver'} --help`", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -74,14 +77,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(interrupt.exit_code())
     except BrokenPipeError as exc:
         if _stdout_closed():  # `snapver log | head`: the reader has all it wanted
-            sys.exit(0)
+            sys.exit(STATE.outcome)
         # A pipe to a helper process (git) broke: a failure, never a silent success.
         print(f"snapver: error: internal error: {exc}", file=sys.stderr)
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no raw traceback
         if STATE.verbose:
             traceback.print_exc()
-        print(f"snapver: error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"snapver: error: internal error: {type(exc).__name__}: {quote_controls(str(exc))}", file=sys.stderr)
         print("hint: run again with -v for the traceback, and report it", file=sys.stderr)
         sys.exit(1)
     if interrupt.requested():  # typer turns a KeyboardInterrupt into a silent exit 130

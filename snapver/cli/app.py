@@ -139,6 +139,7 @@ class Globals:
     color: bool = True
     no_pager: bool = False
     wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
+    outcome: int = 0  # the exit code of the result being printed (render.outcome)
 
     def config(self) -> "Config":
         from snapver.config import load_config
@@ -179,7 +180,9 @@ def auto_sync(store: "Store", config: "Config") -> None:
     except SnapverError as exc:
         import sys
 
-        print(f"snapver: warning: not synced with the team ({exc.message}); working offline",
+        from snapver.model import quote_controls
+
+        print(f"snapver: warning: not synced with the team ({quote_controls(exc.message)}); working offline",
               file=sys.stderr)
 
 
@@ -239,6 +242,7 @@ def main_options(
     STATE.color = not no_color and not os.environ.get("NO_COLOR")
     STATE.no_pager = no_pager
     STATE.command, STATE.auto_synced, STATE.opened = ctx.invoked_subcommand, False, None
+    STATE.outcome = 0
     if ctx.invoked_subcommand in SYNC_AFTER:
         ctx.call_on_close(_sync_after)
     if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:

@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 import typer
 
 from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
-from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, show_path
 
 
 
@@ -63,6 +63,7 @@ def diff(
         result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
                           contents=not (quiet or name_status or json_out), context=unified, checksum=checksum,
                           root=root, starting=starting)
+    code = outcome(result.exit_code)
     if not json_out and not quiet:
         _report_selection(result)
     if json_out:
@@ -77,7 +78,7 @@ def diff(
         _unified(result)
     if same and not (json_out or quiet):
         _identical(result)
-    return result.exit_code
+    return code
 
 
 def _live_node_named(ref: str) -> str:

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, fields_line, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
 
 patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
                         context_settings={"help_option_names": ["-h", "--help"]})
@@ -180,7 +180,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
         out.print(fields_line(out, [f"[bold]{escape(p.name)}[/bold]", p.commit[:10],
                                     f"{int(p.meta.get('files', 0))} file(s)", f"base {p.base[:10]} ({escape(p.base_node)})",
                                     f"nodes {escape(nodes)}", f"{p.time:%Y-%m-%d %H:%M}",
-                                    *([escape(p.message.splitlines()[0])] if p.message else [])]))
+                                    *([show_path(p.message.splitlines()[0])] if p.message else [])]))
     return 0
 
 
@@ -212,26 +212,26 @@ def show(
     out = console()
     out.print(f"patch {escape(name)}  ({patch.commit})")
     base_meta = store.commit(patch.base).meta
-    dists = ", ".join(f"{n} {v}" for n, v in base_meta.get("dists", [])) or "-"
-    out.print(f"base:     {patch.base[:10]}  {escape(patch.base_node)}  {escape(dists)}")
+    dists = show_list(f"{n} {v}" for n, v in base_meta.get("dists", [])) or "-"
+    out.print(f"base:     {patch.base[:10]}  {show_path(patch.base_node)}  {dists}")
     out.print(f"nodes:    {escape(', '.join(patch.nodes)) or '-'}")
     out.print(f"date:     {patch.time:%Y-%m-%d %H:%M:%S %z}")
     if patch.message:
-        out.print(f"message:  {escape(patch.message)}")
+        out.print(f"message:  {show_path(patch.message)}")
     if all_history:
         out.print(f"history:  {len(commits)} version(s), newest first")
         # A patch edited in several stores (a team): each version says whose it is.
         by_writer = len({c.meta.get("writer") for c in commits}) > 1
         for c in commits:
             line = str(c.meta.get("message") or "").splitlines()
-            source = escape(str(c.meta.get("source", "?")))
+            source = show_path(str(c.meta.get("source", "?")))
             out.print(f"  {c.id[:10]}  {c.time.astimezone():%Y-%m-%d %H:%M:%S %z}  {source:<7}"
                       f"  base {str(c.meta.get('base', '?'))[:10]}"
-                      + (f"  by {escape(str(c.meta.get('writer') or '?'))}" if by_writer else "")
-                      + (f"  {escape(line[0])}" if line else ""))
+                      + (f"  by {show_path(str(c.meta.get('writer') or '?'))}" if by_writer else "")
+                      + (f"  {show_path(line[0])}" if line else ""))
     else:
         out.print(f"history:  {len(commits)} commit(s): "
-                  + ", ".join(f"{c.id[:10]} {c.meta.get('source', '?')}" for c in commits[:5])
+                  + ", ".join(f"{c.id[:10]} {show_path(str(c.meta.get('source', '?')))}" for c in commits[:5])
                   + (f" … (`snapver patch show {escape(name)} --history`)" if len(commits) > 5 else ""))
     if folder.is_dir():
         out.print(f"checkout: {escape(str(folder))}")

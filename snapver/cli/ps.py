@@ -8,7 +8,7 @@ from typing import Any, List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_path
 
 FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to the agent's cap)
 
@@ -32,6 +32,7 @@ def ps(
 
     config = STATE.config()
     result = run_ps(config.select(targets or [], all_nodes=not targets))
+    outcome(result.exit_code)
     if json_out:
         emit_json(result.to_json())
         return result.exit_code
@@ -60,8 +61,8 @@ def render_ps(result: Any) -> None:
                   + (f", [red]{needing} need a restart[/red]" if needing else ""))
         for process in node.processes:
             mark = "[red]restart needed[/red]" if process.restart_needed else "[green]current[/green]"
-            out.print(f"  {process.pid:>7}  {escape(process.user)}  started {started_text(process)}  {mark}  "
-                      f"{escape(process.command)}")
+            out.print(f"  {process.pid:>7}  {show_path(process.user)}  started {started_text(process)}  {mark}  "
+                      f"{escape(process.command)}")  # escape(): control characters quoted
             for item in process.files[:FILES_SHOWN]:
                 how = "old code (replaced .so still mapped)" if item.certain else "may run old code"
                 out.print(f"           {show_path(item.path)}: {how}")

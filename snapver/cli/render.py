@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional, Union
 
 from snapver.cli.app import STATE
 
@@ -46,15 +46,14 @@ def _console_class() -> type[Console]:
     from rich.console import Console
 
     class QuietPipeConsole(Console):
-        """rich's Console, ending quietly with 0 when stdout's reader has gone, as
-        ``PlainConsole.write`` does (rich's own handler exits 1: "differences found")."""
+        """rich's Console, ending as ``PlainConsole.write`` does when stdout's reader has gone
+        (`reader_gone`; rich's own handler exits 1 whatever was found)."""
 
         def on_broken_pipe(self) -> None:
             if self.stderr:
                 super().on_broken_pipe()
             self.quiet = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0)
+            reader_gone()
 
     return QuietPipeConsole
 
@@ -113,8 +112,22 @@ class PlainConsole:
                 raise
             stream.flush()
         except BrokenPipeError:  # `snapver log | head`: the reader has all it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0) from None  # quietly, and never 1: that means "differences found"
+            reader_gone()
+
+
+def outcome(code: int) -> int:
+    """``code``, kept as the command's exit code should stdout's reader go away while its
+    result is printed (`reader_gone`): a command calls it before printing a result whose
+    code says something (1: differences found)."""
+    STATE.outcome = code
+    return code
+
+
+def reader_gone() -> NoReturn:
+    """stdout's reader has gone (`snapver diff | head`): stop printing, quietly, and exit
+    with the code of the result being printed (`outcome`; 0 when the command set none)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(STATE.outcome)
 
 
 def plain_text(markup: object) -> Optional[str]:
@@ -294,25 +307,34 @@ def human_bytes(count: float) -> str:
 
 
 def escape(text: str) -> str:
-    """Make text safe for rich markup (and keep odd bytes printable): `rich.markup.escape`."""
+    """Make text safe for rich markup (`rich.markup.escape`) and for the terminal: odd bytes
+    printable, control characters (but newline and tab) C-escaped as `show_path` writes them."""
+    from snapver.model import quote_controls
+
     markup = _ESCAPE.sub(lambda match: f"{match[1]}{match[1]}\\{match[2]}",
-                         text.encode("utf-8", "backslashreplace").decode("utf-8"))
+                         quote_controls(text).encode("utf-8", "backslashreplace").decode("utf-8"))
     if markup.endswith("\\") and not markup.endswith("\\\\"):
         return markup + "\\"
     return markup
 
 
 def show_path(path: str, markup: bool = True) -> str:
-    """A file name (or other one-line text from the store, a message) as every command prints
-    it: C-quoted in double quotes, as git quotes it, when it holds a control character
-    (newline, ESC…), a quote, a backslash or bytes that are not UTF-8 — so a name can
-    neither break a line nor drive the terminal; as it is otherwise. Markup-escaped for a
-    console, unless ``markup`` is False (bytes written raw).
+    """A file name, or any other one-line text a node or the store gave (a version, a writer
+    id, a message, a hostname, a python path), as every command prints it: C-quoted in double
+    quotes, as git quotes it, when it holds a control character (newline, ESC…), a quote, a
+    backslash or bytes that are not UTF-8 — so it can neither break a line nor drive the
+    terminal; as it is otherwise. Markup-escaped for a console (``[red]`` stays text), unless
+    ``markup`` is False (bytes written raw).
     """
     from snapver.model import quote_path
 
     quoted = quote_path(path)
     return escape(quoted) if markup else quoted
+
+
+def show_list(texts: Iterable[str], separator: str = ", ") -> str:
+    """Several such texts (versions, tags, node names), each as `show_path` shows it."""
+    return separator.join(show_path(text) for text in texts)
 
 
 def print_error(error: Any) -> None:

@@ -10,7 +10,7 @@ import typer
 
 
 from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
-from snapver.cli.render import console, emit_json, escape, print_error, print_table, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
 MATRIX_BLOCK = 8
@@ -59,11 +59,13 @@ def status(
     result = run_status(store, specs, checksum, config=config, against=against)
     if files:
         matrix = fleet_matrix(result, paths)
+        outcome(matrix.exit_code)
         if json_out:
             emit_json(matrix.to_json())
         else:
             render_matrix(matrix)
         return matrix.exit_code
+    outcome(result.exit_code)
     if json_out:
         emit_json({"nodes": [n.to_json() for n in result.nodes], "against": against, "exit_code": result.exit_code})
         return result.exit_code
@@ -89,17 +91,17 @@ def render_status(result: Any) -> None:
             what = f"{push['action']} {push.get('patch') or ''}".strip()
             when = str(push.get("time", ""))[:16].replace("T", " ")
             if push.get("interrupted"):
-                by = f" by {escape(push['writer'])}" if push.get("writer") else ""
-                out.print(f"[red]{escape(row.node)}: INTERRUPTED {escape(what)} ({when}{by})[/red]: "
+                by = f" by {show_path(push['writer'])}" if push.get("writer") else ""
+                out.print(f"[red]{escape(row.node)}: INTERRUPTED {show_path(what)} ({escape(when)}{by})[/red]: "
                           f"run `snapver rollback {escape(row.node)}` to repair it")
             elif push.get("writer"):  # a team store: the ledger says who
                 verb = "pushed" if push["action"] == "push" else "rolled back"
-                out.print(f"{escape(row.node)}: " + (f"patch {escape(push['patch'])} " if push.get("patch") else "")
-                          + f"({verb} by {escape(push['writer'])} {when}, {escape(push['state'])})"
-                          + (f": {escape(push['waves'])}" if push.get("waves") else ""))
+                out.print(f"{escape(row.node)}: " + (f"patch {show_path(push['patch'])} " if push.get("patch") else "")
+                          + f"({verb} by {show_path(push['writer'])} {escape(when)}, {show_path(push['state'])})"
+                          + (f": {show_path(push['waves'])}" if push.get("waves") else ""))
             else:
-                out.print(f"{escape(row.node)}: last {escape(what)} {escape(push['state'])} ({when})"
-                          + (f": {escape(push['waves'])}" if push.get("waves") else ""))
+                out.print(f"{escape(row.node)}: last {show_path(what)} {show_path(push['state'])} ({escape(when)})"
+                          + (f": {show_path(push['waves'])}" if push.get("waves") else ""))
         if getattr(row, "restart_error", None) and row.error is None:
             out.print(f"{escape(row.node)}: its processes could not be listed: {escape(row.restart_error)}")
         elif getattr(row, "restart_needed", None):
@@ -118,7 +120,7 @@ def render_status(result: Any) -> None:
                 out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
-                      f"not as {escape(row.known_good.label)}")
+                      f"not as {show_path(row.known_good.label)}")
             for item in row.off:
                 out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
 
@@ -133,7 +135,7 @@ def _restart(row: Any) -> str:
 
 def _label(item: Any) -> str:
     if item.label == "patch":
-        return f"[yellow]patch {escape(', '.join(item.patches))}[/yellow]"
+        return f"[yellow]patch {show_list(item.patches)}[/yellow]"
     if item.label == "hot-fix":
         return "[red]hot-fix[/red]"
     return f"[green]{item.label}[/green]" if item.label else ""
@@ -156,7 +158,7 @@ def age(seconds: float) -> str:
 def _snapshot(row: Any) -> str:
     if not row.snapshot:
         return "none (snapver pull)"
-    tags = f" ({escape(', '.join(row.tags))})" if row.tags else ""
+    tags = f" ({show_list(row.tags)})" if row.tags else ""
     return f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
 
 
@@ -175,7 +177,7 @@ def _known_good(row: Any) -> str:
         if row.error is not None:
             return "?"
         return "none" if row.unchecked else "-"
-    return escape(row.known_good.label)
+    return show_path(row.known_good.label)
 
 
 def _state(row: Any) -> str:
@@ -189,7 +191,7 @@ def _state(row: Any) -> str:
     patched = row.patched
     if patched:
         count = sum(1 for item in row.off if item.label == "patch")
-        parts.append(f"[yellow]{count} patched ({escape(', '.join(sorted(patched)))})[/yellow]")
+        parts.append(f"[yellow]{count} patched ({show_list(sorted(patched))})[/yellow]")
     if row.hot_fixed:
         parts.append(f"[red]{len(row.hot_fixed)} hot-fixed[/red]")
     return ", ".join(parts)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import HeldOutput, console, emit_json, escape, fields_line, human_bytes, print_table, show_path
+from snapver.cli.render import (HeldOutput, console, emit_json, escape, fields_line, human_bytes, outcome,
+                                 print_table, show_list, show_path)
 
 if TYPE_CHECKING:
     from snapver.model import Entry
@@ -72,7 +73,7 @@ def nodes(
 
     config = STATE.config()
     checks = list_nodes(config, check)
-    code = max((c.exit_code for c in checks), default=0)
+    code = outcome(max((c.exit_code for c in checks), default=0))
     if json_out:
         emit_json({"nodes": [c.to_json() for c in checks],
                    "groups": {name: list(members) for name, members in config.groups.items()},
@@ -81,7 +82,7 @@ def nodes(
     columns = ("node", "address") + (("reachable", "python", "site-packages", "version")
                                       if check else ("site-packages",))
     rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
-             escape(c.python) or "?", escape(c.site_packages) or "?", escape(c.dists) or "?") if check else
+             show_path(c.python) or "?", show_path(c.site_packages) or "?", show_path(c.dists) or "?") if check else
             (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]
     out = console()
     print_table(out, columns, rows)
@@ -125,22 +126,24 @@ def log(
     if not snapshots:
         out.print("no snapshots yet" + (f" of {escape(node)}" if node else "")
                   + (f" since {escape(since)}" if since else "") + (" (run `snapver pull`)" if not since else ""))
-    width = max((len(s.made_by) for s in snapshots), default=0)
+    made_by = {s.id: show_path(s.made_by, markup=False) for s in snapshots}  # `push NAME`: NAME is the store's
+    width = max(map(len, made_by.values()), default=0)
     # A team store's log says who took each snapshot (only when more than one store did).
     by_writer = len({s.writer for s in snapshots}) > 1
     for s in snapshots:
-        tags = f" [yellow]({escape(', '.join(s.tags))})[/yellow]" if s.tags else ""
+        tags = f" [yellow]({show_list(s.tags)})[/yellow]" if s.tags else ""
         if by_writer:
-            tags += f" by {escape(s.writer or '?')}"
-        event = f"[cyan]{escape(s.made_by if oneline else f'{s.made_by:<{width}}')}[/cyan]"
+            tags += f" by {show_path(s.writer or '?')}"
+        made = made_by[s.id]
+        event = f"[cyan]{escape(made if oneline else f'{made:<{width}}')}[/cyan]"
         note = [show_path(s.message)] if s.message else []
         if oneline:
-            out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}", escape(s.node),
+            out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}", show_path(s.node),
                                         f"{event}{tags}", *note], separator=" "))
             continue
         out.print(fields_line(out, [f"[bold]{s.id[:10]}[/bold]", f"{s.time:%Y-%m-%d %H:%M}",
-                                    f"{escape(s.node):<10} {event}", f"{s.files} files, {s.changed} changed",
-                                    f"{escape(', '.join(s.dists)) or '-'}{tags}", *note]))
+                                    f"{show_path(s.node):<10} {event}", f"{s.files} files, {s.changed} changed",
+                                    f"{show_list(s.dists) or '-'}{tags}", *note]))
     return 0
 
 
@@ -209,31 +212,32 @@ def show(
     date = f"{info.time:%Y-%m-%d %H:%M:%S %z}"
     if meta.get("kind") == "patch":  # a patch's tree: what it is on, not a node's snapshot
         changed = len(result.changes.changes) if result.changes is not None else 0
-        out.print(f"patch {escape(str(meta.get('name', '?')))} (commit {info.id})")
-        fields = [("base", f"{escape(str(meta.get('base_node', '?')))} {str(meta.get('base', '?'))[:10]}"),
-                  ("nodes", escape(", ".join(meta.get("nodes") or [])) or "-"), ("date", date),
-                  ("made by", escape(str(meta.get("source", "patch"))))]
+        out.print(f"patch {show_path(str(meta.get('name', '?')))} (commit {info.id})")
+        fields = [("base", f"{show_path(str(meta.get('base_node', '?')))} {escape(str(meta.get('base', '?'))[:10])}"),
+                  ("nodes", show_list(map(str, meta.get("nodes") or [])) or "-"), ("date", date),
+                  ("made by", show_path(str(meta.get("source", "patch"))))]
         files = f"{len(result.manifest or [])}, {changed} changed by the patch"
     else:
         out.print(f"snapshot {info.id}")
-        fields = [("node", f"{escape(info.node)} ({escape(str(meta.get('host', '')))})"), ("date", date),
-                  ("made by", escape(info.made_by)), ("site-packages", escape(str(meta.get("site_packages", "")))),
-                  ("python", escape(str(meta.get("python", ""))))]
+        fields = [("node", f"{show_path(info.node)} ({show_path(str(meta.get('host', '')))})"), ("date", date),
+                  ("made by", show_path(info.made_by)),
+                  ("site-packages", show_path(str(meta.get("site_packages", "")))),
+                  ("python", show_path(str(meta.get("python", ""))))]
         files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"
-    fields += [("distribution", escape(", ".join(info.dists)) or "-"),
-               ("paths", escape(", ".join(meta.get("paths", []))))]
+    fields += [("distribution", show_list(info.dists) or "-"),
+               ("paths", show_list(map(str, meta.get("paths", []))))]
     if meta.get("kind") != "patch":  # a snapshot's scope; older ones do not say (unknown, not nothing)
-        fields.append(("exclude", escape(", ".join(meta["exclude"]) or "nothing") if "exclude" in meta
+        fields.append(("exclude", (show_list(map(str, meta["exclude"])) or "nothing") if "exclude" in meta
                        else "not recorded"))
     fields.append(("files", files))
     for label, value in fields:
         out.print(f"{label + ':':<15}{value}")
     if info.tags:
-        out.print(f"tags:          {escape(', '.join(info.tags))}")
+        out.print(f"tags:          {show_list(info.tags)}")
     if info.message:
         out.print(f"message:       {show_path(info.message)}")
     if result.changes is None:
-        out.print(f"\nfirst snapshot of {escape(info.node)}: {info.files} files")
+        out.print(f"\nfirst snapshot of {show_path(info.node)}: {info.files} files")
     elif not result.changes.changes:
         out.print(f"\nno file changed from {result.parent[:10]}")
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, show_path
 
 
 @app.command()
@@ -38,18 +38,18 @@ def sync(
         return code
     out = console()
     if result.unchanged:
-        out.print(f"up to date with {escape(result.remote)} (writer {escape(result.writer)})")
+        out.print(f"up to date with {escape(result.remote)} (writer {show_path(result.writer)})")
     else:
         got = f"fetched from {escape(', '.join(result.fetched))}" if result.fetched else "nothing new from others"
         sent = f"published {result.pushed} ref(s)" if result.pushed else "nothing to publish"
-        out.print(f"synced with {escape(result.remote)} as {escape(result.writer)}: {got}; {sent}"
+        out.print(f"synced with {escape(result.remote)} as {show_path(result.writer)}: {got}; {sent}"
                   + (f", removed {result.deleted}" if result.deleted else ""))
     err = console(stderr=True)
     for name, values in sorted(result.tag_conflicts.items()):
-        shown = " and ".join(f"{commit[:10]} ({escape(writer)})" for writer, commit in sorted(values.items()))
+        shown = " and ".join(f"{commit[:10]} ({show_path(writer)})" for writer, commit in sorted(values.items()))
         err.print(f"conflict: tag {escape(name)} names {shown}; pick one with `snapver tag --force {escape(name)} REF`")
     for name, versions in sorted(result.diverged_patches.items()):
-        shown = ", ".join(f"{escape(writer)} {commit[:10]}" for writer, commit in sorted(versions.items()))
+        shown = ", ".join(f"{show_path(writer)} {commit[:10]}" for writer, commit in sorted(versions.items()))
         err.print(f"note: patch {escape(name)} has diverged versions ({shown}): see "
                   f"`snapver patch show {escape(name)} --history`")
     return code

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape
+from snapver.cli.render import console, emit_json, escape, show_path
 
 
 @app.command()
@@ -42,7 +42,7 @@ def tag(
             out.print("no tags yet (snapver tag NAME [REF])")
         for info in tags if not json_out else []:
             out.print(f"{escape(info.name):<20} {info.commit[:10]}  {info.time:%Y-%m-%d %H:%M}  "
-                      f"{escape(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else "")
+                      f"{show_path(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else "")
                       + (f"  [red]{escape(info.note)}[/red]" if info.note else ""))
         return 0
     if name is None:
@@ -58,7 +58,7 @@ def tag(
         info = ops.create_tag(store, config, name, ref, force)
         result = {"tag": info.to_json()}
         verb = "moved" if info.replaced else ("kept" if info.note == "already there" else "tagged")
-        message = (f"{verb} {escape(name)} → {info.commit[:10]} ({escape(info.node)}, "
+        message = (f"{verb} {escape(name)} → {info.commit[:10]} ({show_path(info.node)}, "
                    f"{info.time:%Y-%m-%d %H:%M})")
         if info.note and info.note != "already there":
             console(stderr=True).print(f"note: {escape(info.note)}")

@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from snapver.cli.app import STATE, app
-from snapver.cli.render import console, emit_json, escape, print_error, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
 
 
 @app.command()
@@ -27,7 +27,7 @@ def verify(
 
     config = STATE.config()
     results = run_verify(config.select(targets))
-    code = max((r.exit_code for r in results), default=0)
+    code = outcome(max((r.exit_code for r in results), default=0))
     if json_out:
         emit_json({"nodes": [r.to_json() for r in results], "exit_code": code})
         return code
@@ -41,9 +41,9 @@ def verify(
             for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)
                 sys.stdout.buffer.write(f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape"))
         sys.stdout.flush()
-        against = escape(", ".join(result.dists))
+        against = show_list(result.dists)
         for leftover in result.leftovers:
-            out.print(f"{name}: leftover {escape(leftover)}: Python imports {against}; "
+            out.print(f"{name}: leftover {show_path(leftover)}: Python imports {against}; "
                       f"{len(result.leftover_files)} file(s) only it lists are left over too (not changes)")
         if result.remove_leftovers:
             out.print(f"{name}: remove the leftover with: {escape(result.remove_leftovers)}")

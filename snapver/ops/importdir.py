@@ -26,7 +26,7 @@ from typing import Any
 import blake3
 
 from snapver.config import Config, valid_node_name
-from snapver.errors import RefError, UsageError
+from snapver.errors import RefError, RemotePathError, UsageError
 from snapver.model import Entry, Manifest, StatEntry
 from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
@@ -96,6 +96,16 @@ def _check_node_name(config: Config, node: str) -> None:
         raise UsageError(f"invalid node name {shown!r}", hint="letters, digits, '.', '_' or '-', at most 100")
 
 
+def _through_link_hint(folder: FolderTree, node: str) -> str:
+    """Where a tracked folder that is reached through a link really is: import that."""
+    site = os.path.realpath(folder.site)
+    for disk, _ in folder.roots:
+        real = os.path.realpath(os.path.join(folder.site, disk))
+        if real != os.path.join(site, disk):
+            return f"an import never reads through a link: import the folder it leads to (snapver import {real} --node {node})"
+    return "an import never reads through a link; see `snapver import --help`"
+
+
 def import_folder(store: Store, config: Config, folder_text: str, node: str, date: str | None = None,
                   tag: str | None = None, message: str = "", root: str | None = None) -> ImportResult:
     """Record the folder ``folder_text`` as a snapshot of ``node`` (see the module's docstring).
@@ -120,39 +130,44 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
 
     from snapver.transport.local import FolderTransport
 
-    with FolderTransport(folder.spec(), folder.roots) as transport:
-        listing = transport.list_tree()
-        if not listing.entries:
-            raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})")
-        dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
-        dated_by = "--date"
-        if moment is None:
-            moment, dated_by = _dated_by_mtime(listing.entries)
-        with store.lock():
-            head = store.ref(refs.node_ref(node))
-            history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
-            newest = not history or moment >= history[0].time
-            parent = head if newest else next((c.id for c in history if c.time <= moment), None)
-            scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
-            target = refs.node_ref(node) if newest else scratch
-            with store.importer() as importer:
-                # Each file goes into the store as it is read: the folder is never held whole.
-                manifest = _store_files(store, importer, transport, listing.entries, folder_text)
-                changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
-                meta = _import_meta(store, node, folder, moment, dists, manifest, changed, message)
-                subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
-                mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
-            commit = importer.results[mark]
-            ref = target
-            if not newest:
-                ref = refs.import_ref(node, commit)
-                try:
-                    store.update_ref(ref, commit)
-                finally:
-                    store.delete_ref(scratch)
-            if tag is not None:
-                store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
-            head = store.ref(refs.node_ref(node))
+    try:
+        with FolderTransport(folder.spec(), folder.roots) as transport:
+            listing = transport.list_tree()
+            if not listing.entries:
+                raise UsageError(f"folder {folder_text} holds no files to import ({folder.describe()})",
+                                 hint="an import records the files under the tracked paths; "
+                                 "--root PREFIX says which one the folder is")
+            dists = [[d.name, d.version] for d in transport.info.dists] if transport.info else []
+            dated_by = "--date"
+            if moment is None:
+                moment, dated_by = _dated_by_mtime(listing.entries)
+            with store.lock():
+                head = store.ref(refs.node_ref(node))
+                history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
+                newest = not history or moment >= history[0].time
+                parent = head if newest else next((c.id for c in history if c.time <= moment), None)
+                scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
+                target = refs.node_ref(node) if newest else scratch
+                with store.importer() as importer:
+                    # Each file goes into the store as it is read: the folder is never held whole.
+                    manifest = _store_files(store, importer, transport, listing.entries, folder_text)
+                    changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
+                    meta = _import_meta(store, node, folder, moment, dists, manifest, changed, message)
+                    subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
+                    mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
+                commit = importer.results[mark]
+                ref = target
+                if not newest:
+                    ref = refs.import_ref(node, commit)
+                    try:
+                        store.update_ref(ref, commit)
+                    finally:
+                        store.delete_ref(scratch)
+                if tag is not None:
+                    store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
+                head = store.ref(refs.node_ref(node))
+    except RemotePathError as exc:
+        raise UsageError(exc.message, hint=_through_link_hint(folder, node)) from exc
     return ImportResult(node, commit, moment, dated_by, folder, len(manifest), changed, parent, head, ref, tag)
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from snapver.config import Config
 from snapver.errors import RefError, UsageError
-from snapver.model import MANIFEST_PATH, Entry, Manifest
+from snapver.model import MANIFEST_PATH, SPECIAL, Entry, Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
@@ -153,6 +153,11 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
         near = difflib.get_close_matches(path, list(manifest.entries), n=3, cutoff=0.8)
         raise RefError(f"{path!r} is not in snapshot {commit_id[:10]}",
                        hint=("did you mean: " + ", ".join(near)) if near else "paths are relative to site-packages")
+    if entry.kind == SPECIAL:  # the store keeps a line saying what it is, never content to print
+        record = store.blob_head(entry.oid, 200).decode("ascii", "replace").strip()
+        what = record.rpartition("special file: ")[2] or "special file"
+        raise UsageError(f"{path!r} is a {what} in snapshot {commit_id[:10]}: a special file has no content to show",
+                         hint=f"`snapver show {ref}` lists the snapshot's files")
     return ShowResult(info, None, path, entry)
 
 

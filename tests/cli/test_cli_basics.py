@@ -460,6 +460,41 @@ def test_a_reader_that_goes_away_ends_a_read_only_command_quietly(make_site_pack
         assert done.returncode == 0 and done.stderr == b"", (command, colour, done)
 
 
+def _installed_site(make_site_packages, name: str, code: str = "a = 1\n") -> Path:
+    """A site-packages whose sglang dist-info RECORD holds sglang/srt/a.py as ``code``."""
+    import hashlib
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(code.encode()).digest()).rstrip(b"=").decode()
+    return make_site_packages(name, files={
+        "sglang/srt/a.py": code,
+        "sglang-0.5.23.dist-info/METADATA": "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\n",
+        "sglang-0.5.23.dist-info/RECORD": f"sglang/srt/a.py,sha256={digest},{len(code)}\n"
+                                          "sglang-0.5.23.dist-info/RECORD,,\n"})
+
+
+def test_differences_piped_to_a_reader_that_goes_away_still_exit_1(make_site_packages, local_node, write_config,
+                                                                   run_snapver) -> None:
+    """`snapver diff n | head`: the differences were found, whether or not the reader read them
+    all: diff, status and verify keep their exit 1 (it was 0), plain and where rich prints."""
+    site = _installed_site(make_site_packages, "n")
+    write_config({"n": local_node(site), "m": local_node(_installed_site(make_site_packages, "m"))})
+    assert run_snapver("pull", "n", "m").code == 0
+    (site / "sglang/srt/a.py").write_text("a = 2\n" * 2000)  # more than a pipe holds
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    commands = (["diff", "n"], ["diff", "n", "--stat"], ["diff", "n", "--name-status"], ["diff", "n", "--json"],
+                ["status"], ["status", "--files"], ["verify", "n"], ["verify", "n", "--json"])
+    for command, colour in [(c, f) for c in commands for f in ({}, {"FORCE_COLOR": "1"})]:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before snapver writes a byte
+        done = subprocess.run([sys.executable, "-m", "snapver", *command], stdout=write_end, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env={**env, **colour}, timeout=60)
+        os.close(write_end)
+        assert done.returncode == 1 and done.stderr == b"", (command, colour, done)
+    piped = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m snapver diff n | head -1"],
+                           capture_output=True, env=env, timeout=60)
+    assert piped.returncode == 1 and piped.stdout.startswith(b"diff --git"), piped
+
+
 def test_a_closed_standard_stream_is_no_traceback(make_site_packages, local_node, write_config, run_snapver) -> None:
     """`snapver log >&-`: Python leaves sys.stdout None (an AttributeError and a traceback,
     exit 1); `diff nosuch 2>&-` exited 1, not 2. A closed stream is /dev/null now."""

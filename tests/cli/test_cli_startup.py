@@ -86,12 +86,16 @@ def test_plain_text_is_what_rich_prints(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_escape_is_richs_escape() -> None:
+    """rich's escape, of the text with its control characters (but newline and tab) quoted."""
     from rich.markup import escape as rich_escape
 
     from snapver.cli.render import escape
+    from snapver.model import quote_controls
 
     for text in fuzzed(2, 3000) + ["a\\", "a\\\\", "\\[bold]", "[bold]\\", "caf\udce9 [x]"]:
-        assert escape(text) == rich_escape(text.encode("utf-8", "backslashreplace").decode("utf-8")), repr(text)
+        expected = rich_escape(quote_controls(text).encode("utf-8", "backslashreplace").decode("utf-8"))
+        assert escape(text) == expected, repr(text)
+    assert escape("\x1b[2J[red]x\r\ty\n") == "\\033[2J\\[red]x\\r\ty\n"
 
 
 def test_plain_table_is_what_rich_prints() -> None:

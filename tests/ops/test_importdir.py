@@ -253,3 +253,52 @@ def test_a_folder_with_a_300mb_file_is_imported_in_bounded_memory(write_config, 
         assert tree[f"sglang/srt/{path}"] == hash_object(folder / path), path
     assert len([path for path in tree if path.startswith("sglang/srt/")]) == 301
     git("fsck", "--full", "--strict", "--no-dangling")
+
+
+@pytest.fixture
+def small(make_site_packages, local_node, write_config) -> Path:
+    """Node n (local), pulled once; returns the cwd, where folders to import are made."""
+    site = make_site_packages("n", files={"sglang/srt/a.py": "a = 1\n"})
+    write_config({"n": local_node(site)})
+    assert run_inproc("pull", "n").code == 0
+    return Path.cwd()
+
+
+def test_a_folder_whose_tracked_path_is_a_link_is_a_bad_folder_not_a_node(small: Path) -> None:
+    """`import copy --node n` where copy/sglang/srt is a symlink: exit 3 (a node unreachable)
+    with the hint to run `nodes --check`, for a local folder. Now exit 2, the link named, the
+    hint about the folder; nothing written."""
+    real = small / "real-srt"
+    real.mkdir()
+    (real / "a.py").write_text("a = 0\n")
+    (small / "copy" / "sglang").mkdir(parents=True)
+    (small / "copy" / "sglang" / "srt").symlink_to(real)
+    before = refs_now()
+    result = run_inproc("import", "copy", "--node", "n", "--date", "2026-05-22")
+    lines = result.err.splitlines()
+    assert result.code == 2 and lines[0].startswith("snapver: error: ") and "copy/sglang/srt" in lines[0], result
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and "nodes --check" not in result.err, result
+    assert str(real) in lines[1], result  # the folder to import instead
+    assert refs_now() == before
+
+
+def test_an_import_without_date_is_dated_by_its_newest_files_mtime(small: Path) -> None:
+    """No --date: the snapshot is dated by the newest mtime among the folder's files (to the
+    second), and says which file gave it; an older file or the folder's own mtime does not."""
+    folder = small / "copy" / "sglang" / "srt"
+    folder.mkdir(parents=True)
+    newest = datetime(2026, 3, 4, 5, 6, 7).astimezone()
+    for name, moment in (("old.py", newest.timestamp() - 86400 * 30), ("new.py", newest.timestamp() + 0.75),
+                         ("mid.py", newest.timestamp() - 3600)):
+        (folder / name).write_text(f"# {name}\n")
+        os.utime(folder / name, (moment, moment))
+    os.utime(folder, (newest.timestamp() + 86400, newest.timestamp() + 86400))  # a folder is not a file
+    result = run_inproc("import", "copy", "--node", "n", "--json")
+    assert result.code == 0, result
+    document = json.loads(result.out)
+    assert datetime.fromisoformat(document["time"]) == newest, document
+    assert "sglang/srt/new.py" in document["dated_by"], document
+    commit = document["commit"]
+    assert int(git("log", "-1", "--format=%ct", commit).strip()) == int(newest.timestamp())
+    meta = json.loads(git("log", "-1", "--format=%B", commit).split("snapver-meta: ")[1])
+    assert datetime.fromisoformat(meta["time"]) == newest, meta

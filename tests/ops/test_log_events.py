@@ -133,3 +133,24 @@ def test_log_lists_snapshots_of_one_second_newest_first(make_site_packages, loca
         assert [row["node"] for row in listed] == ["n2", "n1"], [(r["node"], r["meta"]["time_ns"]) for r in listed]
         newest = json.loads(run_inproc("--config", config, "log", "-n", "1", "--json").out)["snapshots"]
         assert [row["node"] for row in newest] == ["n2"]
+
+
+def test_show_of_a_special_file_is_a_note_not_content(make_site_packages, local_node, write_config,
+                                                     run_snapver) -> None:
+    """`show SNAP sglang/srt/pipe` of a FIFO printed the store's record of it ("snapver:
+    special file: fifo") on stdout, exit 0, as if it were the file's content. It is an error
+    on stderr naming what the path is, exit 2, nothing on stdout; a file beside it shows."""
+    import os
+
+    site = make_site_packages("n", files={A: "a = 1\n"})
+    os.mkfifo(site / "sglang/srt/pipe")
+    write_config({"n": local_node(site)})
+    assert run_snapver("pull", "n").code == 0
+    for extra in ([], ["--json"]):
+        shown = run_snapver("show", "n", "sglang/srt/pipe", *extra)
+        lines = shown.err.splitlines()
+        assert shown.code == 2 and shown.out == "", shown
+        assert lines[0].startswith("snapver: error: ") and "fifo" in lines[0] and "no content" in lines[0], shown
+        assert len(lines) == 2 and lines[1].startswith("hint: "), shown
+    content = run_snapver("show", "n", A)
+    assert (content.code, content.out) == (0, "a = 1\n"), content
