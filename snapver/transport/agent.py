@@ -31,6 +31,10 @@ PROTOCOL = 1
 MIN_PYTHON = (3, 8)
 SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
 SQUEEZE_OVER = 16 << 10
+# The first bytes the agent writes, before any frame: the client checks them, so that
+# whatever the node printed before the agent (a login banner, a printing sitecustomize)
+# is named as such instead of being read as a frame's length.
+GREETING = b"\x00snapver-agent/1\n"
 
 
 def _hashlib():
@@ -1813,7 +1817,10 @@ def main():
     # listing's thousands of rows again and again (a few ms of listing sglang/srt), and
     # freeing every object at exit is work nobody waits for.
     gc.disable()
-    serve(Channel(sys.stdin.buffer, sys.stdout.buffer))
+    channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
+    channel.wfile.write(GREETING)
+    channel.flush()
+    serve(channel)
     sys.stdout.flush()
     os._exit(0)
 
