@@ -360,9 +360,15 @@ def left_alone_error(node: str, paths: list[str]) -> ConflictError:
                               "restores them anyway")
 
 
+def hook_deadline(spec: NodeSpec, timeout: float) -> float:
+    """How long the client waits for the reply to a hook the agent bounds to ``timeout``:
+    that, plus the link's time and the agent's own ending of what timed out."""
+    return timeout + spec.connect_timeout + 10
+
+
 def run_health(transport: Transport, spec: NodeSpec, command: str, timeout: float) -> str:
     """Run the health check on the node; a failure (exit code, timeout) raises."""
-    reply = transport.call("run", command=command, timeout=timeout)
+    reply = transport.call_within(hook_deadline(spec, timeout), "run", command=command, timeout=timeout)
     output = reply.get("output", "").strip()
     if reply.get("timed_out") or reply.get("code") != 0:
         why = f"timed out after {timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"
@@ -392,7 +398,7 @@ class Hooks:
 
 def poll_health_url(transport: Transport, spec: NodeSpec, url: str, timeout: float) -> str:
     """Poll ``url`` from the node until 2xx or ``timeout``; a failure raises."""
-    reply = transport.call("health_url", url=url, timeout=timeout)
+    reply = transport.call_within(hook_deadline(spec, timeout), "health_url", url=url, timeout=timeout)
     if not reply.get("ok"):
         raise TransportError(f"{spec.name}: health URL {url} not healthy within {timeout:g} s: "
                              f"{reply.get('last')} ({reply.get('attempts')} attempt(s))")
@@ -403,7 +409,8 @@ def run_hooks(transport: Transport, spec: NodeSpec, hooks: Hooks, log: list[str]
     """Restart, then wait until healthy; each step's outcome is appended to ``log``; the
     first failure raises (a restart that exits non-zero, hangs, or ends the session)."""
     if hooks.restart:
-        reply = transport.call("run", command=hooks.restart, timeout=hooks.timeout)
+        reply = transport.call_within(hook_deadline(spec, hooks.timeout), "run", command=hooks.restart,
+                                      timeout=hooks.timeout)
         output = (reply.get("output") or "").strip()
         if reply.get("timed_out") or reply.get("code") != 0:
             why = f"timed out after {hooks.timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"

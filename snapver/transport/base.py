@@ -363,6 +363,21 @@ class Transport(ABC):
         """Send one request and return its reply; an agent error becomes a TransportError."""
         return self.request(op, **args)()
 
+    def call_within(self, seconds: float, op: str, **args: Any) -> dict[str, Any]:
+        """``call``, its reply due within ``seconds`` (for an op the agent itself bounds in
+        time, plus a margin): else the session is cut and a TransportError says so."""
+        reply = self.request(op, **args)
+        with self._deadline(seconds) as expired:
+            try:
+                answer = reply()
+            except TransportError:
+                if not expired.is_set():
+                    raise
+        if expired.is_set():
+            raise TransportError(f"{self.spec.name}: no answer to {op} within {seconds:g} s",
+                                 hint="the node or the link stalled; the session was ended")
+        return answer
+
     def request(self, op: str, **args: Any) -> Callable[[], dict[str, Any]]:
         """Send one request now; the returned function waits for its reply.
 
