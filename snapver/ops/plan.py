@@ -208,6 +208,13 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
     todo = [s for s in steps if s.action in (WRITE, DELETE)]
     if not todo:
         return WriteResult()
+    # A missing object is found out before the node is asked to write: once it has
+    # accepted, it waits for every file's content.
+    wanted = {s.target.oid for s in todo if s.action == WRITE and s.target is not None}
+    missing = wanted - store.existing(wanted)
+    if missing:
+        raise StoreError(f"object {sorted(missing)[0]} is missing from the store; nothing was written",
+                         hint="run `snapver fsck`")
     reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo], partial=partial)
     if reply.get("unsafe"):  # made unsafe since the plan (a folder swapped for a link): as a change since it
         return WriteResult(error=ConflictError(
@@ -219,12 +226,6 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
             hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
     sending = [s.target for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
-    # Content is read from the store while it is sent: a missing object is found out
-    # before the node is sent anything.
-    wanted = {entry.oid for entry in sending}
-    missing = wanted - store.existing(wanted)
-    if missing:
-        raise StoreError(f"object {sorted(missing)[0]} is missing from the store", hint="run `snapver fsck`")
     pause = int(os.environ.get(PAUSE_ENV) or 0)
     contents = _contents(store, sending)
     try:
@@ -235,10 +236,13 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
                 pieces.close()
             if pause and sent == pause:
                 interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
-    except StoreError:
-        # A blob unreadable half-way (a damaged pack): the agent still waits for the rest
-        # of the files, so the connection is of no more use (an undo opens a fresh one).
-        transport.close()
+    except Cancelled:
+        raise  # the stream was abandoned in step (ABORT_FRAME): the session still serves
+    except BaseException:
+        # Any other end mid-stream (a blob unreadable half-way, a bug): the agent still
+        # waits for the rest of the files, so the session is of no more use; an undo or
+        # the after-snapshot opens a fresh one, and the agent drops what it staged.
+        transport.abandon()
         raise
     finally:
         contents.close()

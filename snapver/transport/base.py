@@ -344,6 +344,16 @@ class Transport(ABC):
                 (channel.leave if channel.leave and not self._unanswered else channel.close)()
         self._disconnect()
 
+    def abandon(self) -> None:
+        """End a session that is out of step for good (a stream left half-sent, a node that
+        printed before its agent): at once, nothing more said to the agent, which drops
+        what it staged when its input ends. Safe to call again; ``close`` after it too."""
+        interrupt.unregister(self)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.end(hurry=True)
+        self._disconnect()
+
     def cut(self) -> None:
         """End the agent's session at once, from any thread (an interrupt): whatever waits
         on it fails at once. ``close`` still cleans up after."""
@@ -463,9 +473,7 @@ class Transport(ABC):
                                  hint="the node's login shell or python is waiting on something; "
                                  "raise connect_timeout for a slow node")
         if printed:
-            if self._channel is not None:  # out of step for good
-                channel, self._channel = self._channel, None
-                channel.end(hurry=True)
+            self.abandon()
             raise TransportError(f"{self.spec.name}: the node printed {_shortened(printed)} before the agent "
                                  "(login banner?)", hint=_BANNER_HINT)
 
