@@ -208,6 +208,13 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
     todo = [s for s in steps if s.action in (WRITE, DELETE)]
     if not todo:
         return WriteResult()
+    # A missing object is found out before the node is asked to write: once it has
+    # accepted, it waits for every file's content.
+    wanted = {s.target.oid for s in todo if s.action == WRITE and s.target is not None}
+    missing = wanted - store.existing(wanted)
+    if missing:
+        raise StoreError(f"object {sorted(missing)[0]} is missing from the store; nothing was written",
+                         hint="run `snapver fsck`")
     reply = transport.call("write", tracked=list(spec.paths), files=[s.wire() for s in todo], partial=partial)
     if reply.get("unsafe"):  # made unsafe since the plan (a folder swapped for a link): as a change since it
         return WriteResult(error=ConflictError(
@@ -219,12 +226,6 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
             hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
     sending = [s.target for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
-    # Content is read from the store while it is sent: a missing object is found out
-    # before the node is sent anything.
-    wanted = {entry.oid for entry in sending}
-    missing = wanted - store.existing(wanted)
-    if missing:
-        raise StoreError(f"object {sorted(missing)[0]} is missing from the store", hint="run `snapver fsck`")
     pause = int(os.environ.get(PAUSE_ENV) or 0)
     contents = _contents(store, sending)
     try:
@@ -235,10 +236,13 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
                 pieces.close()
             if pause and sent == pause:
                 interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
-    except StoreError:
-        # A blob unreadable half-way (a damaged pack): the agent still waits for the rest
-        # of the files, so the connection is of no more use (an undo opens a fresh one).
-        transport.close()
+    except Cancelled:
+        raise  # the stream was abandoned in step (ABORT_FRAME): the session still serves
+    except BaseException:
+        # Any other end mid-stream (a blob unreadable half-way, a bug): the agent still
+        # waits for the rest of the files, so the session is of no more use; an undo or
+        # the after-snapshot opens a fresh one, and the agent drops what it staged.
+        transport.abandon()
         raise
     finally:
         contents.close()
@@ -360,9 +364,15 @@ def left_alone_error(node: str, paths: list[str]) -> ConflictError:
                               "restores them anyway")
 
 
+def hook_deadline(spec: NodeSpec, timeout: float) -> float:
+    """How long the client waits for the reply to a hook the agent bounds to ``timeout``:
+    that, plus the link's time and the agent's own ending of what timed out."""
+    return timeout + spec.connect_timeout + 10
+
+
 def run_health(transport: Transport, spec: NodeSpec, command: str, timeout: float) -> str:
     """Run the health check on the node; a failure (exit code, timeout) raises."""
-    reply = transport.call("run", command=command, timeout=timeout)
+    reply = transport.call_within(hook_deadline(spec, timeout), "run", command=command, timeout=timeout)
     output = reply.get("output", "").strip()
     if reply.get("timed_out") or reply.get("code") != 0:
         why = f"timed out after {timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"
@@ -392,7 +402,7 @@ class Hooks:
 
 def poll_health_url(transport: Transport, spec: NodeSpec, url: str, timeout: float) -> str:
     """Poll ``url`` from the node until 2xx or ``timeout``; a failure raises."""
-    reply = transport.call("health_url", url=url, timeout=timeout)
+    reply = transport.call_within(hook_deadline(spec, timeout), "health_url", url=url, timeout=timeout)
     if not reply.get("ok"):
         raise TransportError(f"{spec.name}: health URL {url} not healthy within {timeout:g} s: "
                              f"{reply.get('last')} ({reply.get('attempts')} attempt(s))")
@@ -403,7 +413,8 @@ def run_hooks(transport: Transport, spec: NodeSpec, hooks: Hooks, log: list[str]
     """Restart, then wait until healthy; each step's outcome is appended to ``log``; the
     first failure raises (a restart that exits non-zero, hangs, or ends the session)."""
     if hooks.restart:
-        reply = transport.call("run", command=hooks.restart, timeout=hooks.timeout)
+        reply = transport.call_within(hook_deadline(spec, hooks.timeout), "run", command=hooks.restart,
+                                      timeout=hooks.timeout)
         output = (reply.get("output") or "").strip()
         if reply.get("timed_out") or reply.get("code") != 0:
             why = f"timed out after {hooks.timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"

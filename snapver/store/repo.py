@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -69,17 +70,40 @@ def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002
     that fails is returned as it is (its return code and stderr are the caller's to judge).
     """
     limit = git_timeout() if timeout is None else timeout
+    command = ["git", "--git-dir", str(git_dir), *args]
     try:
         # A session of its own: a Ctrl-C at the terminal signals the whole foreground group,
         # and snapver still needs its store while it stops in order (an interrupted push's undo).
-        return subprocess.run(["git", "--git-dir", str(git_dir), *args], input=input,
-                              capture_output=True, check=False, timeout=limit, start_new_session=True,
-                              env={**os.environ, **env} if env else None)
-    except subprocess.TimeoutExpired as exc:
-        raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
-                              hint=GIT_HANG_HINT) from exc
+        process = subprocess.Popen(command, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                   env={**os.environ, **env} if env else None)
     except OSError as exc:
         raise StoreError(f"cannot run git: {exc}") from exc
+    try:
+        stdout, stderr = process.communicate(input, timeout=limit)
+    except subprocess.TimeoutExpired as exc:
+        end_process_group(process)
+        raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
+                              hint=GIT_HANG_HINT) from exc
+    except BaseException:  # an interrupt: git and its children (ssh) go with it
+        end_process_group(process)
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def end_process_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill a git started in a session of its own with every process of that session (an
+    ``ssh`` to the remote would otherwise outlive it, holding its pipes), and reap it."""
+    if process.returncode is None:  # not reaped yet: its group id is still its own
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    process.kill()
+    try:
+        process.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # a descendant that left the session holds the pipes
+        process.wait()
 
 
 def last_line(stderr: bytes | str, fallback: str) -> str:
@@ -150,7 +174,7 @@ class GitStream:
         """Kill the process and reap it (and the threads that served it)."""
         self._ended.set()
         # Killed first: a feeder thread blocked writing its stdin holds that pipe's lock.
-        self.process.kill()
+        self._kill()
         self.process.wait()
         for pipe in (self.process.stdin, self.process.stdout):
             try:
@@ -161,6 +185,14 @@ class GitStream:
         self._drainer.join(timeout=5)
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+    def _kill(self) -> None:
+        """Kill git and whatever it started (its session), while its group id is still its own."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                self.process.kill()
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -176,7 +208,7 @@ class GitStream:
             since = self._waiting_since
             if since is not None and time.monotonic() - since > self.timeout:
                 self.timed_out = True
-                self.process.kill()  # our blocked read then sees end of file
+                self._kill()  # our blocked read then sees end of file
                 return
             if self.process.poll() is not None:
                 return

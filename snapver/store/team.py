@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import getpass
 import heapq
+import math
+import os
 import re
+import shlex
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,13 +29,17 @@ from typing import Any
 
 from snapver.errors import GitTimeoutError, RefError, RemoteError
 from snapver.store import refs
-from snapver.store.repo import Commit, Store, last_line, run_git
+from snapver.store.repo import Commit, Store, git_timeout, last_line, run_git
 
 WRITER_KEY = "snapver.writer"
 # Set after a store's first sync: from then on a ref deleted here is deleted on the remote.
 SYNCED_KEY = "snapver.synced"
 # Auto-sync (`[store] sync = "auto"`) gives git this long; an explicit `sync` git's usual limit.
 AUTO_SYNC_TIMEOUT = 10.0
+# What git's ssh is given: seconds to connect and between keepalives (at most git's own
+# limit), and the keepalives unanswered in a row that end it (OpenSSH's ServerAliveCountMax).
+SSH_CONNECT_TIMEOUT = 10
+SSH_ALIVE_MISSES = 3
 # git must never ask for a password on the terminal: credentials are the user's agent's affair.
 GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GCM_INTERACTIVE": "never"}
 # How a store that has never synced names its own writer in a TeamView (no other is there).
@@ -387,11 +394,40 @@ def git_error(stderr: bytes, fallback: str) -> str:
 
 def _git_remote(store: Store, remote: str, timeout: float | None, *args: str) -> Any:
     """Run a git command that talks to the remote; a timeout is the remote's failure (exit 3)."""
+    limit = git_timeout() if timeout is None else timeout
+    env = {**GIT_ENV, **_bounded_ssh(store, limit)} if _over_ssh(remote) else GIT_ENV
     try:
-        return run_git(store.path, *args, timeout=timeout, env=GIT_ENV)
+        return run_git(store.path, *args, timeout=limit, env=env)
     except GitTimeoutError as exc:
         raise RemoteError(f"the remote {remote} did not answer `git {args[0]}` in time",
                           hint="check the network and the remote's address; nothing changed here") from exc
+
+
+def _over_ssh(remote: str) -> bool:
+    """Whether git reaches ``remote`` with ssh (``ssh://`` or scp-like ``host:path``)."""
+    return remote.startswith(("ssh://", "git+ssh://", "ssh+git://")) or (
+        "://" not in remote and re.match(r"^[^/:]+:", remote) is not None)
+
+
+def _bounded_ssh(store: Store, limit: float) -> dict[str, str]:
+    """GIT_SSH_COMMAND for a git that talks to the remote: the user's ssh command (their
+    GIT_SSH_COMMAND, else core.sshCommand, else ``ssh``) with connect and keepalive timeouts
+    after their own options; ssh keeps an option's first value, so any they set wins. A
+    remote that accepts TCP and never answers, or goes silent, then ends ssh itself.
+    Nothing when they use GIT_SSH (a program that may take no options) or a program that
+    is not ``ssh``."""
+    if os.environ.get("GIT_SSH") and not os.environ.get("GIT_SSH_COMMAND"):
+        return {}
+    command = os.environ.get("GIT_SSH_COMMAND") or _config_get(store, "core.sshCommand") or "ssh"
+    try:
+        program = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        return {}
+    if os.path.basename(program) != "ssh":
+        return {}
+    seconds = max(1, math.ceil(min(SSH_CONNECT_TIMEOUT, limit)))
+    return {"GIT_SSH_COMMAND": f"{command} -o ConnectTimeout={seconds} -o ServerAliveInterval={seconds} "
+                               f"-o ServerAliveCountMax={SSH_ALIVE_MISSES}"}
 
 
 def ls_remote(store: Store, remote: str, timeout: float | None = None) -> dict[str, str]:

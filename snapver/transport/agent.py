@@ -31,6 +31,10 @@ PROTOCOL = 1
 MIN_PYTHON = (3, 8)
 SQUEEZED = 0x80000000  # in a message's length word: its JSON is zlib-compressed
 SQUEEZE_OVER = 16 << 10
+# The first bytes the agent writes, before any frame: the client checks them, so that
+# whatever the node printed before the agent (a login banner, a printing sitecustomize)
+# is named as such instead of being read as a frame's length.
+GREETING = b"\x00snapver-agent/1\n"
 
 
 def _hashlib():
@@ -1741,45 +1745,113 @@ def op_ps(channel, request):
                   "now_ns": time.time_ns()})
 
 
-def op_health_url(channel, request):
-    """Poll ``url`` from the node itself until it answers 2xx or ``timeout`` seconds pass
-    (no proxy: a health URL is the node's own server). Replies whether it became healthy,
-    and else what the last attempt met (refused, an HTTP status, no answer)."""
-    import socket
-    import urllib.error
+class ClientGone(Exception):
+    """The client closed the agent's stdin or stdout (it ended, or dropped the session)."""
+
+
+def client_gone(channel):
+    """True once the client closed our stdin or stdout: a long wait on its behalf stops."""
+    import select
+
+    poller = select.poll()
+    try:
+        for stream in (channel.rfile, channel.wfile):
+            poller.register(stream.fileno(), 0)  # hang-ups and errors are reported whatever is asked
+    except (AttributeError, OSError, ValueError):
+        return False  # not a file (an in-process channel)
+    return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
+
+
+class TooLong(Exception):
+    """A call ran out of its time (``within``)."""
+
+
+def within(seconds, call):
+    """``call()``, stopped with TooLong after ``seconds`` whatever it waits on: a socket
+    timeout bounds each read, and a server that sends a byte now and then never meets it."""
+    import signal
+
+    def expire(signum, frame):
+        raise TooLong()
+
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread: no alarm to be had
+        return call()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return call()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _health_opener():
+    """An opener with no proxy (a health URL is the node's own server) that follows no
+    redirect: a 3xx is the answer, not another server's 200."""
     import urllib.request
 
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())
+
+
+def _health_attempt(opener, url, wait):
+    """One GET of ``url``, the whole of it within ``wait`` seconds: ``(status, body)``, or
+    ``(None, what it met)``."""
+    import socket
+    import urllib.error
+
+    def get():
+        with opener.open(url, timeout=wait) as reply:
+            return reply.status, reply.read(200).decode("utf-8", "replace")
+
+    try:
+        return within(wait, get)
+    except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            return None, "answered %d %s (a redirect to %s, not followed)" % (
+                exc.code, exc.reason, exc.headers.get("Location") or "nowhere")
+        return None, "answered %d %s" % (exc.code, exc.reason)
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            return None, "no answer within %.1f s" % wait
+        return None, getattr(reason, "strerror", None) or str(reason)
+    except (socket.timeout, TimeoutError):
+        return None, "no answer within %.1f s" % wait
+    except TooLong:
+        return None, "no answer within %.1f s (or only part of one)" % wait
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+
+
+def op_health_url(channel, request):
+    """Poll ``url`` from the node itself until it answers 2xx or ``timeout`` seconds pass,
+    each attempt bounded whole. Replies whether it became healthy, and else what the last
+    attempt met (refused, an HTTP status, a redirect, no answer). Stops if the client goes."""
     url = request["url"]
     began = time.monotonic()
     deadline = began + float(request.get("timeout") or 60)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = _health_opener()
     attempts, last = 0, "never tried"
     while True:
         attempts += 1
         wait = max(0.2, min(5.0, deadline - time.monotonic()))
-        try:
-            with opener.open(url, timeout=wait) as reply:
-                code = reply.status
-                body = reply.read(200).decode("utf-8", "replace")
-            if 200 <= code < 300:
-                channel.send({"ok": True, "status": code, "attempts": attempts, "body": body,
-                              "seconds": time.monotonic() - began})
-                return
-            last = "answered %d" % code
-        except urllib.error.HTTPError as exc:
-            last = "answered %d %s" % (exc.code, exc.reason)
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                last = "no answer within %.1f s" % wait
-            else:
-                last = getattr(reason, "strerror", None) or str(reason)
-        except (socket.timeout, TimeoutError):
-            last = "no answer within %.1f s" % wait
-        except (OSError, ValueError) as exc:
-            last = str(exc)
+        code, said = _health_attempt(opener, url, wait)
+        if code is not None and 200 <= code < 300:
+            channel.send({"ok": True, "status": code, "attempts": attempts, "body": said,
+                          "seconds": time.monotonic() - began})
+            return
+        last = said if code is None else "answered %d" % code
         if time.monotonic() + 0.2 >= deadline:
             break
+        if client_gone(channel):
+            raise ClientGone()
         time.sleep(0.2)
     channel.send({"ok": False, "last": last, "attempts": attempts, "seconds": time.monotonic() - began})
 
@@ -1806,6 +1878,8 @@ def serve(channel):
             if handler is None:
                 raise AgentError("unknown op %r" % request.get("op"))
             handler(channel, request)
+        except ClientGone:
+            return
         except AgentError as exc:
             channel.send({"error": str(exc), "kind": exc.kind})
         except OSError as exc:
@@ -1818,8 +1892,14 @@ def main():
     # listing's thousands of rows again and again (a few ms of listing sglang/srt), and
     # freeing every object at exit is work nobody waits for.
     gc.disable()
-    serve(Channel(sys.stdin.buffer, sys.stdout.buffer))
-    sys.stdout.flush()
+    channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
+    channel.wfile.write(GREETING)
+    channel.flush()
+    serve(channel)
+    try:
+        sys.stdout.flush()
+    except OSError:  # the client is gone
+        pass
     os._exit(0)
 
 

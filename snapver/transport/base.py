@@ -15,6 +15,7 @@ import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import repeat
@@ -26,7 +27,7 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, BIG_FILE, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
+from snapver.transport.agent import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
 from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
@@ -196,7 +197,7 @@ def deployment_pythons(site_packages: str | None) -> list[str]:
 # the client's pipelined requests never meet a closed pipe. Kept valid on any Python 3.
 _BOOTSTRAP = """import sys,zlib
 if sys.version_info<({major},{minor}):
- import json,struct;i=sys.stdin.buffer;o=sys.stdout.buffer;i.read({size})
+ import json,struct;i=sys.stdin.buffer;o=sys.stdout.buffer;i.read({size});o.write({greeting!r})
  v="%d.%d.%d"%tuple(sys.version_info[:3])
  e="Python "+v+" is too old (snapver needs \\u2265 {major}.{minor})"
  m=json.dumps({{"error":e,"kind":"too_old","python_version":v,"python":sys.executable}}).encode()
@@ -221,7 +222,7 @@ def agent_command(python: str | None, no_site: bool = False, site_packages: str 
     layout if there is one, else ``python3`` or ``python`` from PATH.
     """
     source, bytecode = agent_payload()
-    code = _BOOTSTRAP.format(size=len(source), code_size=len(bytecode), magic=MAGIC_NUMBER,
+    code = _BOOTSTRAP.format(size=len(source), code_size=len(bytecode), magic=MAGIC_NUMBER, greeting=GREETING,
                              major=MIN_PYTHON[0], minor=MIN_PYTHON[1])
     flags = "-S -c" if no_site else "-c"
     if python:
@@ -261,6 +262,7 @@ class Transport(ABC):
         self._info: NodeInfo | None = None
         self._hello_pending = False
         self._unanswered = 0  # requests sent whose replies have not been read
+        self._greeted = False  # the agent's GREETING was read (it comes before any reply)
         self.bytes_received = 0
         self.bytes_sent = 0
         self._channel: RawChannel | None = None
@@ -342,6 +344,16 @@ class Transport(ABC):
                 (channel.leave if channel.leave and not self._unanswered else channel.close)()
         self._disconnect()
 
+    def abandon(self) -> None:
+        """End a session that is out of step for good (a stream left half-sent, a node that
+        printed before its agent): at once, nothing more said to the agent, which drops
+        what it staged when its input ends. Safe to call again; ``close`` after it too."""
+        interrupt.unregister(self)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.end(hurry=True)
+        self._disconnect()
+
     def cut(self) -> None:
         """End the agent's session at once, from any thread (an interrupt): whatever waits
         on it fails at once. ``close`` still cleans up after."""
@@ -360,6 +372,21 @@ class Transport(ABC):
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         """Send one request and return its reply; an agent error becomes a TransportError."""
         return self.request(op, **args)()
+
+    def call_within(self, seconds: float, op: str, **args: Any) -> dict[str, Any]:
+        """``call``, its reply due within ``seconds`` (for an op the agent itself bounds in
+        time, plus a margin): else the session is cut and a TransportError says so."""
+        reply = self.request(op, **args)
+        with self._deadline(seconds) as expired:
+            try:
+                answer = reply()
+            except TransportError:
+                if not expired.is_set():
+                    raise
+        if expired.is_set():
+            raise TransportError(f"{self.spec.name}: no answer to {op} within {seconds:g} s",
+                                 hint="the node or the link stalled; the session was ended")
+        return answer
 
     def request(self, op: str, **args: Any) -> Callable[[], dict[str, Any]]:
         """Send one request now; the returned function waits for its reply.
@@ -392,6 +419,8 @@ class Transport(ABC):
         return self._awaiting_reply()
 
     def _reply(self) -> dict[str, Any]:
+        if not self._greeted:
+            self._read_greeting()
         self._unanswered -= 1
         try:
             reply = json.loads(self._recv_message())
@@ -405,6 +434,59 @@ class Transport(ABC):
             error = RemotePathError if reply.get("kind") == "path" else TransportError
             raise error(f"{self.spec.name}: {reply['error']}")
         return reply
+
+    @contextmanager
+    def _deadline(self, seconds: float) -> Iterator[threading.Event]:
+        """Cut the agent's session if the block takes more than ``seconds``: a read or write
+        waiting on it fails at once. The event says whether it was cut (checked again on
+        leaving: a cut that came as the block ended still ends the session)."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self.cut()
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield expired
+        finally:
+            timer.cancel()
+
+    def _read_greeting(self) -> None:
+        """Read the agent's GREETING, which comes before any reply, within the node's
+        ``connect_timeout``. Anything else there was printed by the node before the agent
+        started (a login banner, a shell rc file, a printing sitecustomize): read as a
+        frame's length, it would have the client wait for gigabytes that never come."""
+        self._greeted = True
+        seconds = self.spec.connect_timeout
+        with self._deadline(seconds) as expired:
+            try:
+                head = self._read_exact(len(GREETING))
+                printed = b"" if head == GREETING else self._read_printed(head)
+            except TransportError:
+                if not expired.is_set():
+                    raise
+        if expired.is_set():
+            raise TransportError(f"{self.spec.name}: the agent did not start within {seconds:g} s",
+                                 hint="the node's login shell or python is waiting on something; "
+                                 "raise connect_timeout for a slow node")
+        if printed:
+            self.abandon()
+            raise TransportError(f"{self.spec.name}: the node printed {_shortened(printed)} before the agent "
+                                 "(login banner?)", hint=_BANNER_HINT)
+
+    def _read_printed(self, head: bytes) -> bytes:
+        """What the node printed before the agent, from ``head`` on: read up to the
+        agent's GREETING, at most PRINTED_MAX bytes, or until the session ends."""
+        printed = bytearray(head)
+        while GREETING not in printed and len(printed) < PRINTED_MAX:
+            try:
+                printed += self._read_exact(1)
+            except TransportError:
+                break
+        return bytes(printed).split(GREETING)[0] or head
 
     def _send(self, message: dict[str, Any]) -> None:
         self._send_data(json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii"))
@@ -691,6 +773,21 @@ def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:
     except (KeyError, TypeError, ValueError):
         pass  # malformed: the full check says so
     return None
+
+
+# The most read of what a node printed before its agent, to quote it.
+PRINTED_MAX = 512
+PRINTED_SHOWN = 80
+_BANNER_HINT = ("a non-interactive session must print nothing: quiet the node's ~/.bashrc, /etc/profile.d, "
+                "ForceCommand or authorized_keys command= wrapper, and any sitecustomize that prints")
+
+
+def _shortened(printed: bytes) -> str:
+    """What a node printed, quoted on one line of at most PRINTED_SHOWN characters."""
+    text = " ".join(printed.decode("utf-8", "replace").split())
+    if not text:  # only blanks or line ends: show them
+        return repr(printed[:PRINTED_SHOWN])
+    return repr(text if len(text) <= PRINTED_SHOWN else text[:PRINTED_SHOWN - 1] + "…")
 
 
 def _text(value: Any) -> str:
