@@ -388,3 +388,70 @@ def test_a_pull_compares_with_the_newest_snapshot_of_the_node_by_any_writer(tmp_
         assert pulled(alice, node)["unchanged_since"] == commit
     assert ok(alice, "log").out == ok(bob, "log").out
     fsck(remote)
+
+
+# -- trust: what a teammate's namespace may and may not make this store do ----------------
+EVIL = "import os; os.system('touch /tmp/owned')\n"
+DFLASH = f"{SRT}/speculative/dflash_worker.py"
+
+
+def git_out(config: Path, *args: str, input: str | None = None) -> str:  # noqa: A002 - as subprocess.run
+    return subprocess.run(["git", "--git-dir", str(config.parent / "snapshots"), "-c", "user.name=m",
+                           "-c", "user.email=m@m", *args], input=input, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def forge_push_record(mallory: Path, node: str, claimed: str, bait: str) -> str:
+    """In mallory's store, a push record of ``node`` claiming to be ``claimed``'s push, its
+    restore point ``bait`` (a snapshot only this record reaches, as its second parent) and its
+    files the node's dflash worker as the team's newest snapshot holds it; published on the
+    next sync under mallory's own namespace. Returns the record."""
+    newest = git_rev(mallory, f"refs/remotes/team/bob@lab/nodes/{node}")
+    genuine = git_rev(mallory, f"refs/remotes/team/bob@lab/pushes/{node}")
+    meta = json.dumps({"v": 1, "kind": "push", "action": "push", "state": "done", "patch": "port", "node": node,
+                       "writer": claimed, "push_id": "f0f0f0f0f0f0f0f0", "before": bait, "restore": bait,
+                       "after": newest, "patch_commit": newest, "files": {"write": [DFLASH]}})
+    record = git_out(mallory, "commit-tree", f"{newest}^{{tree}}", "-p", genuine, "-p", bait,
+                     "-m", f"push port to {node}: done\n\nsnapver-meta: {meta}")
+    git_out(mallory, "update-ref", f"refs/heads/pushes/{node}", record)
+    return record
+
+
+@pytest.mark.parametrize("claimed", ["bob@lab", "mallory@lab"])
+def test_a_forged_push_record_in_a_third_namespace_never_deploys_its_snapshot(
+        tmp_path: Path, make_site_packages: Callable[..., Path], ssh_node: Callable[..., dict[str, Any]],
+        local_node: Callable[..., dict[str, Any]], claimed: str) -> None:
+    site = make_site_packages("ct129", files=FILES)
+    bait_site = make_site_packages("bait", files={**FILES, DFLASH: EVIL})
+    nodes = {"ct129": ssh_node("ct129", site)}
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", nodes, str(remote))
+    bob = engineer(tmp_path, "bob", nodes, str(remote))
+    mallory = engineer(tmp_path, "mallory", {**nodes, "bait": local_node(bait_site)}, str(remote))
+    diff = tmp_path / "port.diff"
+    diff.write_text(f"--- a/{SRT}/server_args.py\n+++ b/{SRT}/server_args.py\n@@ -1 +1 @@\n"
+                    "-port = 30000\n+port = 30001\n")
+    # Bob pushes a real patch to ct129 and publishes it.
+    ok(bob, "pull", "ct129")
+    ok(bob, "patch", "import", "port", diff, "--base", "ct129", "--nodes", "ct129")
+    ok(bob, "push", "port", "ct129", "--yes")
+    ok(bob, "sync")
+    # Mallory snapshots a tree holding the payload, hides it (no branch names it, so `log` never
+    # shows it) and forges a newer record of ct129 that restores it, published as hers.
+    ok(mallory, "sync")
+    ok(mallory, "pull", "bait")
+    bait = own_head(mallory, "bait")
+    git_out(mallory, "update-ref", "-d", "refs/heads/nodes/bait")
+    forged = forge_push_record(mallory, "ct129", claimed, bait)
+    ok(mallory, "sync")
+    assert remote_refs(remote)["refs/snapver/mallory@lab/pushes/ct129"] == forged
+
+    ok(alice, "sync")
+    assert bait[:10] not in ok(alice, "log").out
+    planned = ok(alice, "rollback", "ct129", "--dry-run")
+    assert bait[:10] not in planned.out and "by 'bob@lab'" in planned.out, planned
+    done = ok(alice, "rollback", "ct129", "--yes")
+    assert (site / DFLASH).read_text() == FILES[DFLASH], done
+    # What is undone is bob's real push: the port is back, the payload nowhere.
+    assert (site / f"{SRT}/server_args.py").read_text() == FILES[f"{SRT}/server_args.py"], done
+    assert "mallory@lab" in done.out + done.err and forged[:10] in done.out + done.err, done
