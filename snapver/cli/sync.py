@@ -11,6 +11,8 @@ from snapver.cli.render import console, emit_json, escape
 @app.command()
 def sync(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    reclaim: bool = typer.Option(False, "--reclaim", help="Replace refs under this store's writer id that "
+                                 "another store published (one that used the same id and is gone)."),
 ) -> int:
     """Fetch every writer's snapshots, tags, patches and push records from [store] remote,
     then publish this store's own under its writer id.
@@ -22,6 +24,7 @@ def sync(
     Examples:
       snapver sync
       snapver sync --json
+      snapver sync --reclaim   # after a store that used this writer id by mistake is gone
     """
     from snapver.errors import ConfigError
     from snapver.store.team import sync as run_sync
@@ -31,7 +34,7 @@ def sync(
         where = config.path or ".snapver"
         raise ConfigError(f"{where}: store.remote: not set, so there is nothing to sync with",
                           hint='add remote = "git@host:team/snapshots.git" (or a path) to the [store] table')
-    result = run_sync(STATE.store(config, create=True), config.remote)
+    result = run_sync(STATE.store(config, create=True), config.remote, reclaim=reclaim)
     code = 1 if result.tag_conflicts else 0
     if json_out:
         emit_json({**result.to_json(), "exit_code": code})
@@ -43,7 +46,9 @@ def sync(
         got = f"fetched from {escape(', '.join(result.fetched))}" if result.fetched else "nothing new from others"
         sent = f"published {result.pushed} ref(s)" if result.pushed else "nothing to publish"
         out.print(f"synced with {escape(result.remote)} as {escape(result.writer)}: {got}; {sent}"
-                  + (f", removed {result.deleted}" if result.deleted else ""))
+                  + (f", removed {result.deleted}" if result.deleted else "")
+                  + (f"; reclaimed {len(result.reclaimed)} ref(s) another store had published as "
+                     f"{escape(repr(result.writer))}" if result.reclaimed else ""))
     err = console(stderr=True)
     for name, values in sorted(result.tag_conflicts.items()):
         shown = " and ".join(f"{commit[:10]} ({escape(writer)})" for writer, commit in sorted(values.items()))

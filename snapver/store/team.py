@@ -364,6 +364,7 @@ class SyncResult:
     writers: list[str] = field(default_factory=list)  # every writer now known here
     tag_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
     diverged_patches: dict[str, dict[str, str]] = field(default_factory=dict)
+    reclaimed: list[str] = field(default_factory=list)  # refs under our id another store had published
 
     @property
     def unchanged(self) -> bool:
@@ -372,7 +373,8 @@ class SyncResult:
     def to_json(self) -> dict[str, Any]:
         return {"remote": self.remote, "writer": self.writer, "fetched": self.fetched, "pushed": self.pushed,
                 "deleted": self.deleted, "writers": self.writers, "unchanged": self.unchanged,
-                "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches}
+                "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches,
+                "reclaimed": self.reclaimed}
 
 
 def git_error(stderr: bytes, fallback: str) -> str:
@@ -424,13 +426,15 @@ def remote_versions_unseen(store: Store, remote: str, name: str, tip: str,
     return found
 
 
-def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: float | None = None) -> SyncResult:
+def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: float | None = None,
+         reclaim: bool = False) -> SyncResult:
     """Fetch every writer's refs from ``remote``, then publish ours (see the module's text).
 
     RemoteError (exit 3) for a remote that cannot be reached, refuses the push, or holds
-    something that is not a snapver store; StoreLockedError (exit 4) while another command
-    writes this store. Whatever fails, no local ref but the mirror of the remote moves,
-    and the next sync completes the work.
+    something that is not a snapver store, or refs under our writer id this store did not
+    publish (``reclaim``: replace or delete them with ours); StoreLockedError (exit 4) while
+    another command writes this store. Whatever fails, no local ref but the mirror of the
+    remote moves, and the next sync completes the work.
     """
     with store.lock(wait=lock_wait):
         settings = _config_all(store)
@@ -451,11 +455,17 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
         remote_refs = {name[len(refs.REMOTE_SPACE):]: oid for name, oid in listing.items() if name in ours}
         synced = settings.get(SYNCED_KEY) == "true"
         mine_there = {name[len(me) + 1:]: oid for name, oid in remote_refs.items() if name.startswith(me + "/")}
-        if mine_there and not synced:
-            raise RemoteError(f"the writer id {me!r} already publishes to {remote} from another store",
-                              hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
         all_refs = store.refs("refs/")
         mirror = {name[len(_TEAM_SHORT):]: commit for name, commit in all_refs.items() if name.startswith(_TEAM_SHORT)}
+        own = {}
+        for name, commit in all_refs.items():
+            published = refs.published_name("refs/" + name)
+            if published is not None:
+                own[published] = commit
+        strangers = _not_published_here(store, me, mine_there, own, mirror)
+        if strangers and not reclaim:
+            raise _strangers_error(me, remote, strangers)
+        synced = synced or bool(mine_there)  # what is there under our id is ours now
         if mirror != remote_refs:
             changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
             changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
@@ -467,20 +477,16 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
                                   f"{git_error(fetched.stderr, 'git fetch failed')}",
                                   hint="nothing changed here; run `snapver sync` again")
             result.fetched = sorted(changed - {me})
-        own = {}
-        for name, commit in all_refs.items():
-            published = refs.published_name("refs/" + name)
-            if published is not None:
-                own[published] = commit
         updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
-        _check_forward(store, remote, me, updates, mine_there)
-        # Only tags and patch names are ever deleted here; a snapshot branch, a ledger or the
-        # tag events missing here means this store is not the one that wrote them: keep them.
-        deletions = sorted(name for name in mine_there if name not in own
-                           and name.startswith(("tags/", "patches/"))) if synced else []
+        _check_forward(store, remote, me, updates, {n: c for n, c in mine_there.items() if n not in strangers})
+        # Only tags and patch names are ever deleted here (and what a reclaim takes back); a
+        # snapshot branch, a ledger or the tag events missing here were not written here.
+        deletions = sorted(name for name in mine_there if name not in own and (
+            name in strangers or (synced and name.startswith(("tags/", "patches/")))))
         if updates or deletions:
             _publish(store, remote, timeout, me, updates, deletions, mine_there)
             result.pushed, result.deleted = len(updates), len(deletions)
+        result.reclaimed = sorted(strangers)
         if not synced:
             store.git("config", SYNCED_KEY, "true")
         view = TeamView(store, None if result.fetched or mirror != remote_refs or updates or deletions else all_refs)
@@ -491,6 +497,35 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             if unseen:
                 result.diverged_patches[name] = versions
         return result
+
+
+def _not_published_here(store: Store, me: str, mine_there: dict[str, str], own: dict[str, str],
+                        mirror: dict[str, str]) -> dict[str, str]:
+    """``{name: commit}`` of the refs under our writer id on the remote that this store did
+    not publish. Ours are what the mirror says we published or saw there, and any commit this
+    store's own refs contain (a first publish whose sync was killed before it could note it:
+    its `git push` went on alone). Anything else another store published under our id."""
+    unknown = {name: oid for name, oid in mine_there.items()
+               if mirror.get(f"{me}/{name}") != oid and own.get(name) != oid}
+    return {name: oid for name, oid in sorted(unknown.items()) if not _in_own_history(store, oid)}
+
+
+def _in_own_history(store: Store, commit: str) -> bool:
+    """True when one of this store's own branches or tags contains ``commit`` (never a mirror's)."""
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return False
+    found = run_git(store.path, "for-each-ref", "--count=1", "--format=%(refname)", f"--contains={commit}",
+                    "refs/heads/", "refs/tags/")
+    return found.returncode == 0 and bool(found.stdout.strip())
+
+
+def _strangers_error(me: str, remote: str, strangers: dict[str, str]) -> RemoteError:
+    names = ", ".join(repr(name) for name in list(strangers)[:3]) + (" …" if len(strangers) > 3 else "")
+    return RemoteError(f"the writer id {me!r} already publishes to {remote} from another store: "
+                       f"{len(strangers)} ref(s) there this store did not publish ({names}); nothing was sent",
+                       hint="if that store is another engineer's, give this one its own writer id "
+                            "(`snapver init --writer NAME`); if it is gone and the id is yours, "
+                            "`snapver sync --reclaim` replaces them with this store's")
 
 
 # What only ever moves forward in a writer's namespace: a snapshot branch, a push ledger,

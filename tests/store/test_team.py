@@ -307,7 +307,7 @@ def test_sync_over_ssh_and_the_bad_remotes(tmp_path: Path, two_nodes: dict[str, 
     subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
                    check=True)
     ok(twin, "pull", "ct200")
-    one_error(snap(twin, "sync"), 3, "same writer id")
+    one_error(snap(twin, "sync"), 3, "already publishes", "did not publish")
     assert remote_refs(remote) == before
     # A remote whose hook refuses the push: exit 3, nothing published; the next sync completes.
     hook = remote / "hooks" / "pre-receive"
@@ -455,3 +455,110 @@ def test_a_forged_push_record_in_a_third_namespace_never_deploys_its_snapshot(
     # What is undone is bob's real push: the port is back, the payload nowhere.
     assert (site / f"{SRT}/server_args.py").read_text() == FILES[f"{SRT}/server_args.py"], done
     assert "mallory@lab" in done.out + done.err and forged[:10] in done.out + done.err, done
+
+
+def wait_until(condition: Callable[[], object], what: str, deadline: float = 60.0) -> None:
+    import time
+
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"no {what} after {deadline} s"
+        time.sleep(0.01)
+
+
+def test_a_sync_killed_in_its_first_publish_is_recognised_as_ours_next_time(tmp_path: Path,
+                                                                           two_nodes: dict[str, Any]) -> None:
+    import signal
+
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    ok(alice, "pull", "ct200", "ct129")
+    ok(alice, "tag", "may22", "ct200")
+    # The remote takes the push, then holds it open until told: snapver is killed meanwhile,
+    # its `git push` carries on alone and completes.
+    hook = remote / "hooks" / "post-receive"
+    took, release = tmp_path / "took", tmp_path / "release"
+    hook.write_text(f"#!/bin/sh\ntouch {took}\nwhile [ ! -e {release} ]; do sleep 0.01; done\n")
+    hook.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    syncing = subprocess.Popen([sys.executable, "-m", "snapver", "--config", str(alice), "sync"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(took.exists, "push reaching the remote")
+    os.kill(syncing.pid, signal.SIGKILL)
+    syncing.wait(timeout=60)
+    release.touch()
+    published = f"refs/snapver/alice@lab/nodes/ct200"
+    wait_until(lambda: published in remote_refs(remote), "published ref")
+    hook.unlink()
+    before = remote_refs(remote)
+    assert before[published] == own_head(alice, "ct200")
+
+    # The next sync knows its own history there: no "another store", nothing lost.
+    again = snap(alice, "sync")
+    assert again.code == 0 and "another store" not in again.err + again.out, again
+    ok(alice, "pull", "ct200")  # and it goes on publishing as before
+    (Path(two_nodes["ct129"]["site_packages"]) / f"{SRT}/server_args.py").write_text("port = 30009\n")
+    ok(alice, "pull", "ct129")
+    ok(alice, "sync")
+    after = remote_refs(remote)
+    assert after["refs/snapver/alice@lab/nodes/ct129"] == own_head(alice, "ct129")
+    assert after["refs/snapver/alice@lab/tags/may22"] == before["refs/snapver/alice@lab/tags/may22"]
+    fsck(remote)
+
+
+def test_writer_ids_that_prefix_each_other_are_never_confused(tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    bob2 = engineer(tmp_path, "bob2", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    set_writer(bob2, "bob2")
+    set_writer(bob, "bob")  # a prefix of the other, to the letter
+    ok(bob2, "pull", "ct200")
+    ok(bob2, "tag", "v1", "ct200")
+    ok(bob2, "sync")
+    # bob's first sync: bob2's refs are someone else's, not bob's published elsewhere.
+    first = snap(bob, "sync")
+    assert first.code == 0 and "fetched from bob2" in first.out, first
+    (Path(two_nodes["ct200"]["site_packages"]) / f"{SRT}/server_args.py").write_text("port = 30001\n")
+    ok(bob, "pull", "ct200")
+    ok(bob, "tag", "v2", "ct200")
+    ok(bob, "sync")
+    ok(bob2, "sync")
+    published = remote_refs(remote)
+    assert published["refs/snapver/bob/nodes/ct200"] == own_head(bob, "ct200")
+    assert published["refs/snapver/bob2/nodes/ct200"] == own_head(bob2, "ct200")
+    # Each store reads the other's snapshot as the other's: bob's is the newest, by bob.
+    for config in (bob, bob2):
+        log = ok(config, "log", "ct200").out.splitlines()
+        assert log[0].startswith(own_head(bob, "ct200")[:10]) and log[0].endswith(" by bob"), log
+        assert log[-1].endswith(" by bob2"), log
+    fsck(remote)
+
+
+def test_refs_in_our_namespace_this_store_did_not_publish_are_reported_then_reclaimed(
+        tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    ok(alice, "pull", "ct200")
+    ok(alice, "sync")
+    # Another store, given alice's id by mistake, publishes ct129 (alice never pulled it).
+    twin = engineer(tmp_path, "twin", two_nodes, str(remote))
+    set_writer(twin, "alice@lab")
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
+                   check=True)
+    ok(twin, "pull", "ct129")
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "push", "-q", str(remote),
+                    "refs/heads/nodes/ct129:refs/snapver/alice@lab/nodes/ct129"], check=True)
+    before = remote_refs(remote)
+    ok(alice, "pull", "ct129")  # alice's own, another commit
+    refused = snap(alice, "sync")
+    one_error(refused, 3, "'alice@lab'", "'nodes/ct129'", "did not publish")
+    assert "--reclaim" in refused.err, refused
+    assert remote_refs(remote) == before
+    assert "refs/remotes/team/alice@lab/nodes/ct129" not in subprocess.run(
+        ["git", "--git-dir", str(alice.parent / "snapshots"), "for-each-ref"], capture_output=True, text=True,
+        check=True).stdout  # not adopted
+    reclaimed = ok(alice, "sync", "--reclaim")
+    assert "reclaimed 1" in reclaimed.out, reclaimed
+    assert remote_refs(remote)["refs/snapver/alice@lab/nodes/ct129"] == own_head(alice, "ct129")
+    ok(alice, "sync")
+    fsck(remote)
