@@ -50,6 +50,10 @@ def sync(
                   + (f"; reclaimed {len(result.reclaimed)} ref(s) another store had published as "
                      f"{escape(repr(result.writer))}" if result.reclaimed else ""))
     err = console(stderr=True)
+    for dated in result.future:
+        err.print(f"warning: {escape(repr(dated['writer']))}'s {escape(dated['ref'])} {dated['commit'][:10]} is dated "
+                  f"{_span(dated['ahead_seconds'])} in the future (a clock set ahead?): snapshots are ordered by "
+                  "what each writer saw, not by that time")
     for name, values in sorted(result.tag_conflicts.items()):
         shown = " and ".join(f"{commit[:10]} ({escape(writer)})" for writer, commit in sorted(values.items()))
         err.print(f"conflict: tag {escape(name)} names {shown}; pick one with `snapver tag --force {escape(name)} REF`")
@@ -58,3 +62,12 @@ def sync(
         err.print(f"note: patch {escape(name)} has diverged versions ({shown}): see "
                   f"`snapver patch show {escape(name)} --history`")
     return code
+
+
+def _span(seconds: int) -> str:
+    """``1 day``, ``3 hours``, ``12 minutes``: how far ahead, roughly."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = round(seconds / size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"

@@ -20,6 +20,8 @@ import getpass
 import heapq
 import re
 import socket
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -104,6 +106,8 @@ def ensure_writer(store: Store) -> str:
 
 
 _TIE_MARGIN = 32
+# A teammate's time further ahead of this machine's clock than this is flagged by `sync`.
+FUTURE_MARGIN = 600.0
 
 
 def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
@@ -132,17 +136,42 @@ def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
     return ordered
 
 
-def _interleave(commits: list[Commit]) -> list[Commit]:
-    """A team's snapshots newest first as ``NODE@latest`` orders them (by ``commit_moment``, ties
-    the higher writer id first), each writer's own order kept (git's, which is topological).
-    By whole seconds, a writer's older snapshot came before another's newer one of the same
-    second, so ``NODE~1`` was not the snapshot a pull had just compared with."""
-    by_writer: dict[str, list[Commit]] = {}
-    for commit in commits:
-        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
-    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
-    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
-                            key=lambda commit: -commit_moment(commit)))
+def _writer(commit: Commit) -> str:
+    return str(commit.meta.get("writer") or "")
+
+
+def _by_ancestry(commits: list[Commit]) -> list[Commit]:
+    """A team's snapshots newest first as ``NODE@latest`` orders them: never a commit before
+    one of its children (a snapshot comes after every snapshot its writer saw when taking
+    it: its parents), else by ``commit_moment``, ties the higher writer id first. A writer's
+    clock set ahead cannot put its snapshot before one taken on top of it."""
+    present = {commit.id: commit for commit in commits}
+    children = Counter(parent for commit in commits for parent in set(commit.parents) if parent in present)
+    rank = {writer: i for i, writer in enumerate(sorted({_writer(c) for c in commits}, reverse=True))}
+
+    def key(commit: Commit) -> tuple[int, int, str]:
+        return -commit_moment(commit), rank[_writer(commit)], commit.id
+
+    ready = [key(commit) for commit in commits if not children[commit.id]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        commit = present[heapq.heappop(ready)[2]]
+        ordered.append(commit)
+        for parent in set(commit.parents):
+            if parent in present:
+                children[parent] -= 1
+                if not children[parent]:
+                    heapq.heappush(ready, key(present[parent]))
+    return ordered
+
+
+def independent(store: Store, commits: set[str]) -> set[str]:
+    """Those of ``commits`` that no other of them contains (one ``git merge-base --independent``)."""
+    if len(commits) < 2:
+        return set(commits)
+    found = run_git(store.path, "merge-base", "--independent", *sorted(commits))
+    return set(found.stdout.decode().split()) if found.returncode == 0 else set(commits)
 
 
 # -- reading: every writer merged ---------------------------------------------------------
@@ -224,23 +253,29 @@ class TeamView:
             found = self.tags()[0]
         else:
             groups = self.by_writer(prefix)
-            self._load_times([c for by in groups.values() if len(set(by.values())) > 1 for c in by.values()])
+            contested = {c for by in groups.values() if len(set(by.values())) > 1 for c in by.values()}
+            self._load_times(list(contested))
+            # One git call for every node: a tip another tip contains is never the newest.
+            tops = independent(self.store, contested) if prefix == refs.NODES else contested
             found = {}
             for name, by in groups.items():
                 if prefix == refs.PATCHES:
                     found[name] = self.patch_tip(by)[0]
                 else:
-                    found[name] = self.newest(by)
+                    found[name] = self.newest(by, tops)
         self._merged[prefix] = found
         return found
 
-    def newest(self, by_writer: dict[str, str]) -> str:
-        """The newest of several writers' commits (by ``commit_moment``, then writer id)."""
+    def newest(self, by_writer: dict[str, str], tops: set[str] | None = None) -> str:
+        """The newest of several writers' commits: of those no other contains (``tops``, if
+        the caller has them), the latest by ``commit_moment``, then writer id."""
         distinct = set(by_writer.values())
         if len(distinct) == 1:
             return next(iter(distinct))
         self._load_times(list(distinct))
-        return max(by_writer.items(), key=lambda item: (commit_moment(self._times[item[1]]), item[0]))[1]
+        tops = independent(self.store, distinct) if tops is None else tops
+        candidates = [(w, c) for w, c in by_writer.items() if c in tops] or list(by_writer.items())
+        return max(candidates, key=lambda item: (commit_moment(self._times[item[1]]), item[0]))[1]
 
     def commit(self, commit: str) -> Commit:
         """One commit (read once per view)."""
@@ -264,7 +299,7 @@ class TeamView:
         revs += [commit for name, commit in sorted(self.merged(refs.IMPORTS).items())
                  if node is None or name.startswith(node + "/")]
         if self.is_team:
-            return _interleave(_ties_by_moment(self.store.commits(revs)))[:limit]
+            return _by_ancestry(self.store.commits(revs))[:limit]
         # A run of one second may be cut by git's own limit: ask for more than shown.
         commits = self.store.commits(revs, limit=None if limit is None else limit + _TIE_MARGIN)
         if limit is not None and len(commits) == limit + _TIE_MARGIN and commits[limit - 1].time == commits[-1].time:
@@ -365,6 +400,9 @@ class SyncResult:
     tag_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
     diverged_patches: dict[str, dict[str, str]] = field(default_factory=dict)
     reclaimed: list[str] = field(default_factory=list)  # refs under our id another store had published
+    # Other writers' newest snapshots and records dated ahead of this machine's clock.
+    future: list[dict[str, Any]] = field(default_factory=list)
+    tag_moves: list[dict[str, Any]] = field(default_factory=list)  # team tags another writer moved
 
     @property
     def unchanged(self) -> bool:
@@ -374,7 +412,7 @@ class SyncResult:
         return {"remote": self.remote, "writer": self.writer, "fetched": self.fetched, "pushed": self.pushed,
                 "deleted": self.deleted, "writers": self.writers, "unchanged": self.unchanged,
                 "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches,
-                "reclaimed": self.reclaimed}
+                "reclaimed": self.reclaimed, "future": self.future, "tag_moves": self.tag_moves}
 
 
 def git_error(stderr: bytes, fallback: str) -> str:
@@ -491,12 +529,31 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             store.git("config", SYNCED_KEY, "true")
         view = TeamView(store, None if result.fetched or mirror != remote_refs or updates or deletions else all_refs)
         result.writers = view.writers
+        result.future = future_dated(view)
         result.tag_conflicts = view.tags()[1]
         for name, versions in view.by_writer(refs.PATCHES).items():
             unseen = view.patch_tip(versions)[1]
             if unseen:
                 result.diverged_patches[name] = versions
         return result
+
+
+def future_dated(view: TeamView, now: float | None = None) -> list[dict[str, Any]]:
+    """Other writers' snapshot branches and push ledgers whose newest commit is dated more
+    than ``FUTURE_MARGIN`` ahead of this machine's clock (that writer's clock is wrong).
+    Such a time orders nothing that ancestry orders (``_by_ancestry``); it is said, not trusted."""
+    tips = {(writer, f"{prefix}{name}"): commit for prefix in ("nodes/", "pushes/")
+            for name, by in view.by_writer(refs.local_name(prefix)).items()
+            for writer, commit in by.items() if writer != view.me}
+    view._load_times(list(set(tips.values())))
+    now = time.time() if now is None else now
+    found = []
+    for (writer, ref), commit in sorted(tips.items()):
+        ahead = commit_moment(view.commit(commit)) / 1e9 - now
+        if ahead > FUTURE_MARGIN:
+            found.append({"writer": writer, "ref": ref, "commit": commit, "ahead_seconds": round(ahead),
+                          "time": view.commit(commit).time.isoformat()})
+    return found
 
 
 def _not_published_here(store: Store, me: str, mine_there: dict[str, str], own: dict[str, str],

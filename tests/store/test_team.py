@@ -562,3 +562,56 @@ def test_refs_in_our_namespace_this_store_did_not_publish_are_reported_then_recl
     assert remote_refs(remote)["refs/snapver/alice@lab/nodes/ct129"] == own_head(alice, "ct129")
     ok(alice, "sync")
     fsck(remote)
+
+
+def date_ahead(config: Path, ref: str, seconds: int) -> str:
+    """Rewrite the commit at ``ref`` in that engineer's store as a clock ``seconds`` ahead would
+    have written it (commit times and the meta's time and time_ns; tree, parents unchanged)."""
+    git = ["git", "--git-dir", str(config.parent / "snapshots")]
+    raw = subprocess.run([*git, "cat-file", "commit", ref], check=True, capture_output=True).stdout.decode()
+    head, _, message = raw.partition("\n\n")
+    head = re.sub(r"^((?:author|committer) .*> )(\d+)", lambda m: m.group(1) + str(int(m.group(2)) + seconds),
+                  head, flags=re.M)
+    subject, _, meta_line = message.rpartition("snapver-meta: ")
+    meta = json.loads(meta_line)
+    meta["time_ns"] += seconds * 1_000_000_000
+    from datetime import datetime, timedelta
+
+    meta["time"] = (datetime.fromisoformat(meta["time"]) + timedelta(seconds=seconds)).isoformat()
+    text = head + "\n\n" + subject + "snapver-meta: " + json.dumps(meta) + "\n"
+    commit = subprocess.run([*git, "hash-object", "-t", "commit", "-w", "--stdin"], input=text.encode(),
+                            check=True, capture_output=True).stdout.decode().strip()
+    subprocess.run([*git, "update-ref", ref, commit], check=True)
+    return commit
+
+
+def test_a_teammate_s_clock_a_day_ahead_does_not_pin_the_newest_snapshot(tmp_path: Path,
+                                                                        two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    args = Path(two_nodes["ct200"]["site_packages"]) / f"{SRT}/server_args.py"
+    ok(alice, "pull", "ct200")
+    first = own_head(alice, "ct200")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    args.write_text("port = 30001\n")
+    ok(bob, "pull", "ct200")
+    ahead = date_ahead(bob, "refs/heads/nodes/ct200", 86400)  # bob's clock: a day ahead
+    ok(bob, "sync")
+    synced = ok(alice, "sync")
+    assert "future" in synced.err and ahead[:10] in synced.err and "bob@lab" in synced.err, synced
+    # Alice's next snapshot is taken on top of bob's (the newest she saw): it is the newest.
+    args.write_text("port = 30002\n")
+    second = json.loads(ok(alice, "pull", "ct200", "--json").out)["nodes"][0]
+    assert second["changed"] == 1, second
+    again = json.loads(ok(alice, "pull", "ct200", "--json").out)["nodes"][0]
+    assert again["snapshot"] is None and again["unchanged_since"] == second["snapshot"], again
+    assert json.loads(ok(alice, "show", "ct200@latest", "--json").out)["id"] == second["snapshot"]
+    log = ok(alice, "log", "ct200").out.splitlines()
+    assert [line[:10] for line in log] == [second["snapshot"][:10], ahead[:10], first[:10]], log
+    assert json.loads(ok(alice, "show", "ct200~1", "--json").out)["id"] == ahead
+    # Bob, synced, agrees.
+    ok(alice, "sync")
+    ok(bob, "sync")
+    assert json.loads(ok(bob, "pull", "ct200", "--json").out)["nodes"][0]["unchanged_since"] == second["snapshot"]
