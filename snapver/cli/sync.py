@@ -49,6 +49,9 @@ def sync(
                   + (f", removed {result.deleted}" if result.deleted else "")
                   + (f"; reclaimed {len(result.reclaimed)} ref(s) another store had published as "
                      f"{escape(repr(result.writer))}" if result.reclaimed else ""))
+    for move in result.tag_moves:
+        by = f" by {', '.join(escape(repr(writer)) for writer in move['by'])}" if move["by"] else ""
+        out.print(f"tag {escape(move['tag'])} moved {move['old'][:10]} → {move['new'][:10]}{by}")
     err = console(stderr=True)
     for dated in result.future:
         err.print(f"warning: {escape(repr(dated['writer']))}'s {escape(dated['ref'])} {dated['commit'][:10]} is dated "

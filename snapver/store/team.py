@@ -24,10 +24,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from snapver.errors import GitTimeoutError, RefError, RemoteError
+from snapver.errors import GitTimeoutError, RefError, RemoteError, StoreError
 from snapver.store import refs
+from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 from snapver.store.repo import Commit, Store, last_line, run_git
 
 WRITER_KEY = "snapver.writer"
@@ -475,6 +477,7 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
     remote moves, and the next sync completes the work.
     """
     with store.lock(wait=lock_wait):
+        remove_dead_writers_packs(store.path / "objects" / "pack")  # what a killed or failed fetch left
         settings = _config_all(store)
         if WRITER_KEY in settings:
             store._team_writer = settings[WRITER_KEY]  # type: ignore[attr-defined]
@@ -508,13 +511,11 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
             changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
                         if mirror[name] != remote_refs[name]}
-            fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
-                                  "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
-            if fetched.returncode != 0:
-                raise RemoteError(f"cannot fetch from the remote {remote}: "
-                                  f"{git_error(fetched.stderr, 'git fetch failed')}",
-                                  hint="nothing changed here; run `snapver sync` again")
+            tags_before = TeamView(store, all_refs).tags()[0] if _moves_tags(mirror, remote_refs) else None
+            _fetch(store, remote, timeout)
             result.fetched = sorted(changed - {me})
+            if tags_before is not None:
+                result.tag_moves = _tag_moves(store, me, tags_before, mirror, remote_refs)
         updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
         _check_forward(store, remote, me, updates, {n: c for n, c in mine_there.items() if n not in strangers})
         # Only tags and patch names are ever deleted here (and what a reclaim takes back); a
@@ -536,6 +537,75 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             if unseen:
                 result.diverged_patches[name] = versions
         return result
+
+
+def _fetch(store: Store, remote: str, timeout: float | None) -> None:
+    """Fetch every writer's refs into the mirror. A fetch that fails removes the temporary
+    files it began (a ``tmp_pack_*``, or a ``tmp_obj_*`` when git unpacked the objects): on
+    a full disk they would keep it full, and the next sync would fail the same way."""
+    objects = store.path / "objects"
+    before = _git_temps(objects)
+    fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
+                          "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
+    if fetched.returncode == 0:
+        return
+    left = _git_temps(objects) - before
+    remove_dead_writers_packs(objects / "pack", settled=0, only={path.name for path in left})
+    for path in left:
+        if path.parent.name != "pack":
+            path.unlink(missing_ok=True)  # git's loose-object temporary: its writer, the fetch, has ended
+    reason = git_error(fetched.stderr, "git fetch failed")
+    if "No space left on device" in fetched.stderr.decode("utf-8", "replace"):
+        raise StoreError(f"cannot fetch from the remote {remote}: the store's disk is full ({reason})",
+                         hint="make room for the store, then `snapver sync`; nothing changed here")
+    raise RemoteError(f"cannot fetch from the remote {remote}: {reason}",
+                      hint="nothing changed here; run `snapver sync` again")
+
+
+def _git_temps(objects: Path) -> set[Path]:
+    """git's temporary files in the object store: packs being received, loose objects being written."""
+    found = set()
+    for folder in objects.iterdir() if objects.is_dir() else ():
+        if folder.name == "pack" or (len(folder.name) == 2 and folder.is_dir()):
+            found.update(path for path in folder.iterdir()
+                         if path.name.startswith(GIT_TEMP_PREFIXES) or path.name.startswith("tmp_obj_"))
+    return found
+
+
+def _moves_tags(mirror: dict[str, str], remote_refs: dict[str, str]) -> bool:
+    """True when a fetch would change a writer's tag or tag events here."""
+    return any(mirror.get(name) != remote_refs.get(name) for name in set(mirror) | set(remote_refs)
+               if name.split("/", 1)[-1].startswith(("tags/", "tag-moves")))
+
+
+def _tag_moves(store: Store, me: str, before: dict[str, str], mirror: dict[str, str],
+               remote_refs: dict[str, str]) -> list[dict[str, Any]]:
+    """The team tags another writer moved, as fetched just now: ``{tag, old, new, by}``.
+    ``by``: the writers whose fetched tag ref, or a tag event along their own line of events
+    (its namespace: never a field of the event), set the new value."""
+    view = TeamView(store)
+    after = view.tags()[0]
+    moves = []
+    for name, new in sorted(after.items()):
+        old = before.get(name)
+        if old is None or old == new:
+            continue
+        by = {writer for writer, commit in view.tag_writers(name).items() if writer != me and commit == new
+              and mirror.get(f"{writer}/tags/{name}") != commit}
+        for writer in {ref.split("/", 1)[0] for ref in remote_refs} - {me} - by:
+            tip, seen = remote_refs.get(f"{writer}/tag-moves"), mirror.get(f"{writer}/tag-moves")
+            if tip and tip != seen and _sets_in_line(store, tip, seen, name, new):
+                by.add(writer)
+        moves.append({"tag": name, "old": old, "new": new, "by": sorted(by)})
+    return moves
+
+
+def _sets_in_line(store: Store, tip: str, seen: str | None, tag: str, value: str) -> bool:
+    """True when an event on the first-parent line from ``tip`` back to ``seen`` sets ``tag`` to ``value``."""
+    for event in store.commits([tip] + ([f"^{seen}"] if seen else []), first_parent=True):
+        if event.meta.get("kind") == "tag-move" and event.meta.get("tag") == tag:
+            return event.meta.get("to") == value
+    return False
 
 
 def future_dated(view: TeamView, now: float | None = None) -> list[dict[str, Any]]:

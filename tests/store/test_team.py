@@ -615,3 +615,72 @@ def test_a_teammate_s_clock_a_day_ahead_does_not_pin_the_newest_snapshot(tmp_pat
     ok(alice, "sync")
     ok(bob, "sync")
     assert json.loads(ok(bob, "pull", "ct200", "--json").out)["nodes"][0]["unchanged_since"] == second["snapshot"]
+
+
+def test_a_tag_forced_back_to_a_value_it_overruled_is_that_value_and_sync_says_who_moved_it(
+        tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    ok(alice, "pull", "ct200", "ct129")
+    first, second = own_head(alice, "ct200"), own_head(alice, "ct129")
+    ok(alice, "tag", "prod", "ct200")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    ok(bob, "tag", "--force", "prod", "ct129")  # bob moves the team's tag
+    ok(bob, "sync")
+    moved = ok(alice, "sync")
+    assert f"tag prod moved {first[:10]} → {second[:10]} by 'bob@lab'" in moved.out, moved
+    ok(alice, "tag", "--force", "prod", first)  # and alice forces it back to the value bob overruled
+    ok(alice, "sync")
+    back = ok(bob, "sync")
+    assert f"tag prod moved {second[:10]} → {first[:10]} by 'alice@lab'" in back.out, back
+    for config in (alice, bob):
+        assert json.loads(ok(config, "show", "prod", "--json").out)["id"] == first
+        assert re.search(rf"^prod\s+{first[:10]}", ok(config, "tag", "--list").out, re.M), config
+    assert "moved" not in ok(alice, "sync").out  # said once
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """An 8 MB tmpfs (the suite runs as root); unmounted afterwards, whatever happened."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_sync_that_fills_the_disk_leaves_no_temporary_pack(tmp_path: Path, two_nodes: dict[str, Any],
+                                                             make_site_packages: Callable[..., Path],
+                                                             local_node: Callable[..., dict[str, Any]],
+                                                             small_disk: Path) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    big = make_site_packages("big", files={**FILES, f"{SRT}/weights.bin": os.urandom(4 << 20)})
+    nodes = {**two_nodes, "big": local_node(big)}
+    alice = engineer(tmp_path, "alice", nodes, str(remote), path=str(small_disk / "snapshots"))
+    bob = engineer(tmp_path, "bob", nodes, str(remote))
+    ok(alice, "pull", "ct200")
+    ok(alice, "sync")
+    ok(bob, "pull", "big")
+    ok(bob, "sync")
+    # Alice's disk has 2 MB left: bob's 4 MB snapshot does not fit.
+    filler = small_disk / "filler"
+    with filler.open("wb") as out:
+        while os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize > 2 << 20:
+            out.write(b"\0" * (64 << 10))
+    before = remote_refs(small_disk / "snapshots")
+    full = snap(alice, "sync")
+    one_error(full, 4, "disk is full")
+    left = [str(path) for path in (small_disk / "snapshots" / "objects").rglob("tmp_*")]
+    assert not left, left  # the half-received objects removed: the space is back
+    assert remote_refs(small_disk / "snapshots") == before
+    # 3 MB freed: with the failed fetch's leftovers gone, 5 MB is room enough.
+    os.truncate(filler, max(0, filler.stat().st_size - (3 << 20)))
+    ok(alice, "sync")
+    assert ok(alice, "show", "big@latest", f"{SRT}/__init__.py").out == ""
