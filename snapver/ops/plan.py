@@ -489,6 +489,7 @@ def _ledger(store: Store, node: str, per_writer: int | None = None,
     each writer's records."""
     view = TeamView(store)
     chains = []
+    refused: list[tuple[str, Commit]] = []
     # Higher writer ids first: on equal times heapq.merge keeps the earlier list's first (as newest()).
     for writer, tip in sorted(view.by_writer(refs.PUSHES).get(node, {}).items(), reverse=True):
         chain = []
@@ -497,12 +498,15 @@ def _ledger(store: Store, node: str, per_writer: int | None = None,
         for commit in store.commits([tip], limit=per_writer, first_parent=True):
             claimed = commit.meta.get("writer")
             if writer != view.me and claimed is not None and claimed != writer:
-                if notes is not None:
-                    notes.append(f"ignored push record {commit.id[:10]} of {node} published by {writer!r}: "
-                                 f"it claims to be {claimed!r}'s")
-                continue
-            chain.append((writer, commit))
+                refused.append((writer, commit))
+            else:
+                chain.append((writer, commit))
         chains.append(chain)
+    accepted = {commit.id for chain in chains for _, commit in chain}
+    for writer, commit in refused:
+        if notes is not None and commit.id not in accepted:  # a copy of a real record (its writer's) is no news
+            notes.append(f"ignored push record {commit.id[:10]} of {node} published by {writer!r}: "
+                         f"it claims to be {commit.meta.get('writer')!r}'s")
     return list(heapq.merge(*chains, key=lambda item: -commit_moment(item[1]))), view
 
 
