@@ -24,7 +24,7 @@ def sync(
     Examples:
       snapver sync
       snapver sync --json
-      snapver sync --reclaim   # after a store that used this writer id by mistake is gone
+      snapver sync --reclaim
     """
     from snapver.errors import ConfigError
     from snapver.store.team import sync as run_sync
