@@ -564,7 +564,7 @@ def _fetch(store: Store, remote: str, timeout: float | None) -> None:
 
 def _git_temps(objects: Path) -> set[Path]:
     """git's temporary files in the object store: packs being received, loose objects being written."""
-    found = set()
+    found: set[Path] = set()
     for folder in objects.iterdir() if objects.is_dir() else ():
         if folder.name == "pack" or (len(folder.name) == 2 and folder.is_dir()):
             found.update(path for path in folder.iterdir()
