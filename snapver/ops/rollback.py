@@ -54,22 +54,21 @@ class RollbackPlan:
                 "nothing_to_do": self.nothing_to_do, "plan": self.node.to_json()}
 
 
-def default_target(store: Store, node: str) -> tuple[str, str]:
-    """The snapshot from before the node's last push (or interrupted push), and why."""
-    pushed = last_push(store, node)
+def default_target(store: Store, node: str, notes: list[str] | None = None) -> tuple[PushState, str]:
+    """The node's last push (or interrupted push), whose ``restore`` is the snapshot from
+    before it, and why it is the target (naming who pushed, in a team store)."""
+    pushed = last_push(store, node, notes)
     if pushed is None or not pushed.restore:
         raise RefError(f"no push to {node} is recorded, so there is nothing to roll back to",
                        hint=f"name a snapshot: `snapver rollback {node} --to REF`")
     how = "interrupted push" if pushed.state == "started" else "push"
-    return pushed.restore, f"before the {how} of {pushed.patch} ({pushed.time:%Y-%m-%d %H:%M})"
+    by = f" by {pushed.writer!r}" if pushed.writer else ""
+    return pushed, f"before the {how} of {pushed.patch}{by} ({pushed.time:%Y-%m-%d %H:%M})"
 
 
-def pushed_files(store: Store, node: str) -> dict[str, Entry | None] | None:
-    """What the node's last push wrote on each path it touched (None: deleted), from its
-    record and its patch; None when the record does not say (a record of an older snapver)."""
-    pushed = last_push(store, node)
-    if pushed is None:
-        return None
+def pushed_files(store: Store, pushed: PushState) -> dict[str, Entry | None] | None:
+    """What a push wrote on each path it touched (None: deleted), from its record and its
+    patch; None when the record does not say (a record of an older snapver)."""
     meta = store.commit(pushed.record).meta
     files = meta.get("files")
     source = meta.get("patch_commit") or pushed.after
@@ -88,9 +87,10 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     from snapver.ops.pull import list_live
 
     spec = config.node(node)
+    notes: list[str] = []
     if to is None:
-        target, reason = default_target(store, spec.name)
-        wrote = pushed_files(store, spec.name)
+        pushed, reason = default_target(store, spec.name, notes)
+        target, wrote = str(pushed.restore), pushed_files(store, pushed)
     else:
         target, reason = resolve_snapshot(store, config, to), f"--to {to}"
         wrote = None
@@ -99,6 +99,7 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     prior = newest_record(store, spec.name)
     plan = RollbackPlan(NodePlan(spec), target, reason, prior if prior and prior.interrupted else None,
                         len(manifest) - len(wanted), force)
+    plan.node.notes.extend(notes)
     if to is None and prior is not None and prior.action == "push" and prior.state == "cancelled":
         plan.node.notes.append(f"the newest push ({prior.patch}) never reached {spec.name} (its rollout stopped "
                                f"in waves): this undoes the push before it")

@@ -562,13 +562,17 @@ class Store:
             raise StoreError(f"{rev[:40]} is not a commit: the store is damaged", hint="run `snapver fsck`")
         return found[0]
 
-    def commits(self, revs: list[str], limit: int | None = None, no_walk: bool = False) -> list[Commit]:
-        """Commits reachable from ``revs``, newest first (``git log`` order by date)."""
+    def commits(self, revs: list[str], limit: int | None = None, no_walk: bool = False,
+                first_parent: bool = False) -> list[Commit]:
+        """Commits reachable from ``revs``, newest first (``git log`` order by date);
+        ``first_parent``: only along first parents (a branch's own line)."""
         if not revs:
             return []
         args = ["log", "--format=%H%x00%P%x00%ct%x00%B%x00%x01", "--date-order"]
         if no_walk:
             args.append("--no-walk=unsorted")
+        if first_parent:
+            args.append("--first-parent")
         if limit is not None:
             args.append(f"-n{limit}")
         out = self.git(*args, *revs, "--")

@@ -23,12 +23,16 @@ import os
 import re
 import shlex
 import socket
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from snapver.errors import GitTimeoutError, RefError, RemoteError
+from snapver.errors import GitTimeoutError, RefError, RemoteError, StoreError
 from snapver.store import refs
+from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 from snapver.store.repo import Commit, Store, git_timeout, last_line, run_git
 
 WRITER_KEY = "snapver.writer"
@@ -111,6 +115,8 @@ def ensure_writer(store: Store) -> str:
 
 
 _TIE_MARGIN = 32
+# A teammate's time further ahead of this machine's clock than this is flagged by `sync`.
+FUTURE_MARGIN = 600.0
 
 
 def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
@@ -139,17 +145,42 @@ def _ties_by_moment(commits: list[Commit]) -> list[Commit]:
     return ordered
 
 
-def _interleave(commits: list[Commit]) -> list[Commit]:
-    """A team's snapshots newest first as ``NODE@latest`` orders them (by ``commit_moment``, ties
-    the higher writer id first), each writer's own order kept (git's, which is topological).
-    By whole seconds, a writer's older snapshot came before another's newer one of the same
-    second, so ``NODE~1`` was not the snapshot a pull had just compared with."""
-    by_writer: dict[str, list[Commit]] = {}
-    for commit in commits:
-        by_writer.setdefault(str(commit.meta.get("writer") or ""), []).append(commit)
-    # heapq.merge is stable: of equal times, the earlier list's (the higher writer's) comes first.
-    return list(heapq.merge(*(by_writer[w] for w in sorted(by_writer, reverse=True)),
-                            key=lambda commit: -commit_moment(commit)))
+def _writer(commit: Commit) -> str:
+    return str(commit.meta.get("writer") or "")
+
+
+def _by_ancestry(commits: list[Commit]) -> list[Commit]:
+    """A team's snapshots newest first as ``NODE@latest`` orders them: never a commit before
+    one of its children (a snapshot comes after every snapshot its writer saw when taking
+    it: its parents), else by ``commit_moment``, ties the higher writer id first. A writer's
+    clock set ahead cannot put its snapshot before one taken on top of it."""
+    present = {commit.id: commit for commit in commits}
+    children = Counter(parent for commit in commits for parent in set(commit.parents) if parent in present)
+    rank = {writer: i for i, writer in enumerate(sorted({_writer(c) for c in commits}, reverse=True))}
+
+    def key(commit: Commit) -> tuple[int, int, str]:
+        return -commit_moment(commit), rank[_writer(commit)], commit.id
+
+    ready = [key(commit) for commit in commits if not children[commit.id]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        commit = present[heapq.heappop(ready)[2]]
+        ordered.append(commit)
+        for parent in set(commit.parents):
+            if parent in present:
+                children[parent] -= 1
+                if not children[parent]:
+                    heapq.heappush(ready, key(present[parent]))
+    return ordered
+
+
+def independent(store: Store, commits: set[str]) -> set[str]:
+    """Those of ``commits`` that no other of them contains (one ``git merge-base --independent``)."""
+    if len(commits) < 2:
+        return set(commits)
+    found = run_git(store.path, "merge-base", "--independent", *sorted(commits))
+    return set(found.stdout.decode().split()) if found.returncode == 0 else set(commits)
 
 
 # -- reading: every writer merged ---------------------------------------------------------
@@ -231,23 +262,29 @@ class TeamView:
             found = self.tags()[0]
         else:
             groups = self.by_writer(prefix)
-            self._load_times([c for by in groups.values() if len(set(by.values())) > 1 for c in by.values()])
+            contested = {c for by in groups.values() if len(set(by.values())) > 1 for c in by.values()}
+            self._load_times(list(contested))
+            # One git call for every node: a tip another tip contains is never the newest.
+            tops = independent(self.store, contested) if prefix == refs.NODES else contested
             found = {}
             for name, by in groups.items():
                 if prefix == refs.PATCHES:
                     found[name] = self.patch_tip(by)[0]
                 else:
-                    found[name] = self.newest(by)
+                    found[name] = self.newest(by, tops)
         self._merged[prefix] = found
         return found
 
-    def newest(self, by_writer: dict[str, str]) -> str:
-        """The newest of several writers' commits (by ``commit_moment``, then writer id)."""
+    def newest(self, by_writer: dict[str, str], tops: set[str] | None = None) -> str:
+        """The newest of several writers' commits: of those no other contains (``tops``, if
+        the caller has them), the latest by ``commit_moment``, then writer id."""
         distinct = set(by_writer.values())
         if len(distinct) == 1:
             return next(iter(distinct))
         self._load_times(list(distinct))
-        return max(by_writer.items(), key=lambda item: (commit_moment(self._times[item[1]]), item[0]))[1]
+        tops = independent(self.store, distinct) if tops is None else tops
+        candidates = [(w, c) for w, c in by_writer.items() if c in tops] or list(by_writer.items())
+        return max(candidates, key=lambda item: (commit_moment(self._times[item[1]]), item[0]))[1]
 
     def commit(self, commit: str) -> Commit:
         """One commit (read once per view)."""
@@ -271,7 +308,7 @@ class TeamView:
         revs += [commit for name, commit in sorted(self.merged(refs.IMPORTS).items())
                  if node is None or name.startswith(node + "/")]
         if self.is_team:
-            return _interleave(_ties_by_moment(self.store.commits(revs)))[:limit]
+            return _by_ancestry(self.store.commits(revs))[:limit]
         # A run of one second may be cut by git's own limit: ask for more than shown.
         commits = self.store.commits(revs, limit=None if limit is None else limit + _TIE_MARGIN)
         if limit is not None and len(commits) == limit + _TIE_MARGIN and commits[limit - 1].time == commits[-1].time:
@@ -371,6 +408,10 @@ class SyncResult:
     writers: list[str] = field(default_factory=list)  # every writer now known here
     tag_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
     diverged_patches: dict[str, dict[str, str]] = field(default_factory=dict)
+    reclaimed: list[str] = field(default_factory=list)  # refs under our id another store had published
+    # Other writers' newest snapshots and records dated ahead of this machine's clock.
+    future: list[dict[str, Any]] = field(default_factory=list)
+    tag_moves: list[dict[str, Any]] = field(default_factory=list)  # team tags another writer moved
 
     @property
     def unchanged(self) -> bool:
@@ -379,7 +420,8 @@ class SyncResult:
     def to_json(self) -> dict[str, Any]:
         return {"remote": self.remote, "writer": self.writer, "fetched": self.fetched, "pushed": self.pushed,
                 "deleted": self.deleted, "writers": self.writers, "unchanged": self.unchanged,
-                "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches}
+                "tag_conflicts": self.tag_conflicts, "diverged_patches": self.diverged_patches,
+                "reclaimed": self.reclaimed, "future": self.future, "tag_moves": self.tag_moves}
 
 
 def git_error(stderr: bytes, fallback: str) -> str:
@@ -460,15 +502,18 @@ def remote_versions_unseen(store: Store, remote: str, name: str, tip: str,
     return found
 
 
-def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: float | None = None) -> SyncResult:
+def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: float | None = None,
+         reclaim: bool = False) -> SyncResult:
     """Fetch every writer's refs from ``remote``, then publish ours (see the module's text).
 
     RemoteError (exit 3) for a remote that cannot be reached, refuses the push, or holds
-    something that is not a snapver store; StoreLockedError (exit 4) while another command
-    writes this store. Whatever fails, no local ref but the mirror of the remote moves,
-    and the next sync completes the work.
+    something that is not a snapver store, or refs under our writer id this store did not
+    publish (``reclaim``: replace or delete them with ours); StoreLockedError (exit 4) while
+    another command writes this store. Whatever fails, no local ref but the mirror of the
+    remote moves, and the next sync completes the work.
     """
     with store.lock(wait=lock_wait):
+        remove_dead_writers_packs(store.path / "objects" / "pack")  # what a killed or failed fetch left
         settings = _config_all(store)
         if WRITER_KEY in settings:
             store._team_writer = settings[WRITER_KEY]  # type: ignore[attr-defined]
@@ -487,46 +532,163 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
         remote_refs = {name[len(refs.REMOTE_SPACE):]: oid for name, oid in listing.items() if name in ours}
         synced = settings.get(SYNCED_KEY) == "true"
         mine_there = {name[len(me) + 1:]: oid for name, oid in remote_refs.items() if name.startswith(me + "/")}
-        if mine_there and not synced:
-            raise RemoteError(f"the writer id {me!r} already publishes to {remote} from another store",
-                              hint="give this store its own writer id: `snapver init --writer NAME`, then sync")
         all_refs = store.refs("refs/")
         mirror = {name[len(_TEAM_SHORT):]: commit for name, commit in all_refs.items() if name.startswith(_TEAM_SHORT)}
-        if mirror != remote_refs:
-            changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
-            changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
-                        if mirror[name] != remote_refs[name]}
-            fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
-                                  "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
-            if fetched.returncode != 0:
-                raise RemoteError(f"cannot fetch from the remote {remote}: "
-                                  f"{git_error(fetched.stderr, 'git fetch failed')}",
-                                  hint="nothing changed here; run `snapver sync` again")
-            result.fetched = sorted(changed - {me})
         own = {}
         for name, commit in all_refs.items():
             published = refs.published_name("refs/" + name)
             if published is not None:
                 own[published] = commit
+        strangers = _not_published_here(store, me, mine_there, own, mirror)
+        if strangers and not reclaim:
+            raise _strangers_error(me, remote, strangers)
+        synced = synced or bool(mine_there)  # what is there under our id is ours now
+        if mirror != remote_refs:
+            changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
+            changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
+                        if mirror[name] != remote_refs[name]}
+            tags_before = TeamView(store, all_refs).tags()[0] if _moves_tags(mirror, remote_refs) else None
+            _fetch(store, remote, timeout)
+            result.fetched = sorted(changed - {me})
+            if tags_before is not None:
+                result.tag_moves = _tag_moves(store, me, tags_before, mirror, remote_refs)
         updates = {name: commit for name, commit in own.items() if mine_there.get(name) != commit}
-        _check_forward(store, remote, me, updates, mine_there)
-        # Only tags and patch names are ever deleted here; a snapshot branch, a ledger or the
-        # tag events missing here means this store is not the one that wrote them: keep them.
-        deletions = sorted(name for name in mine_there if name not in own
-                           and name.startswith(("tags/", "patches/"))) if synced else []
+        _check_forward(store, remote, me, updates, {n: c for n, c in mine_there.items() if n not in strangers})
+        # Only tags and patch names are ever deleted here (and what a reclaim takes back); a
+        # snapshot branch, a ledger or the tag events missing here were not written here.
+        deletions = sorted(name for name in mine_there if name not in own and (
+            name in strangers or (synced and name.startswith(("tags/", "patches/")))))
         if updates or deletions:
             _publish(store, remote, timeout, me, updates, deletions, mine_there)
             result.pushed, result.deleted = len(updates), len(deletions)
+        result.reclaimed = sorted(strangers)
         if not synced:
             store.git("config", SYNCED_KEY, "true")
         view = TeamView(store, None if result.fetched or mirror != remote_refs or updates or deletions else all_refs)
         result.writers = view.writers
+        result.future = future_dated(view)
         result.tag_conflicts = view.tags()[1]
         for name, versions in view.by_writer(refs.PATCHES).items():
             unseen = view.patch_tip(versions)[1]
             if unseen:
                 result.diverged_patches[name] = versions
         return result
+
+
+def _fetch(store: Store, remote: str, timeout: float | None) -> None:
+    """Fetch every writer's refs into the mirror. A fetch that fails removes the temporary
+    files it began (a ``tmp_pack_*``, or a ``tmp_obj_*`` when git unpacked the objects): on
+    a full disk they would keep it full, and the next sync would fail the same way."""
+    objects = store.path / "objects"
+    before = _git_temps(objects)
+    fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
+                          "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
+    if fetched.returncode == 0:
+        return
+    left = _git_temps(objects) - before
+    remove_dead_writers_packs(objects / "pack", settled=0, only={path.name for path in left})
+    for path in left:
+        if path.parent.name != "pack":
+            path.unlink(missing_ok=True)  # git's loose-object temporary: its writer, the fetch, has ended
+    reason = git_error(fetched.stderr, "git fetch failed")
+    if "No space left on device" in fetched.stderr.decode("utf-8", "replace"):
+        raise StoreError(f"cannot fetch from the remote {remote}: the store's disk is full ({reason})",
+                         hint="make room for the store, then `snapver sync`; nothing changed here")
+    raise RemoteError(f"cannot fetch from the remote {remote}: {reason}",
+                      hint="nothing changed here; run `snapver sync` again")
+
+
+def _git_temps(objects: Path) -> set[Path]:
+    """git's temporary files in the object store: packs being received, loose objects being written."""
+    found: set[Path] = set()
+    for folder in objects.iterdir() if objects.is_dir() else ():
+        if folder.name == "pack" or (len(folder.name) == 2 and folder.is_dir()):
+            found.update(path for path in folder.iterdir()
+                         if path.name.startswith(GIT_TEMP_PREFIXES) or path.name.startswith("tmp_obj_"))
+    return found
+
+
+def _moves_tags(mirror: dict[str, str], remote_refs: dict[str, str]) -> bool:
+    """True when a fetch would change a writer's tag or tag events here."""
+    return any(mirror.get(name) != remote_refs.get(name) for name in set(mirror) | set(remote_refs)
+               if name.split("/", 1)[-1].startswith(("tags/", "tag-moves")))
+
+
+def _tag_moves(store: Store, me: str, before: dict[str, str], mirror: dict[str, str],
+               remote_refs: dict[str, str]) -> list[dict[str, Any]]:
+    """The team tags another writer moved, as fetched just now: ``{tag, old, new, by}``.
+    ``by``: the writers whose fetched tag ref, or a tag event along their own line of events
+    (its namespace: never a field of the event), set the new value."""
+    view = TeamView(store)
+    after = view.tags()[0]
+    moves = []
+    for name, new in sorted(after.items()):
+        old = before.get(name)
+        if old is None or old == new:
+            continue
+        by = {writer for writer, commit in view.tag_writers(name).items() if writer != me and commit == new
+              and mirror.get(f"{writer}/tags/{name}") != commit}
+        for writer in {ref.split("/", 1)[0] for ref in remote_refs} - {me} - by:
+            tip, seen = remote_refs.get(f"{writer}/tag-moves"), mirror.get(f"{writer}/tag-moves")
+            if tip and tip != seen and _sets_in_line(store, tip, seen, name, new):
+                by.add(writer)
+        moves.append({"tag": name, "old": old, "new": new, "by": sorted(by)})
+    return moves
+
+
+def _sets_in_line(store: Store, tip: str, seen: str | None, tag: str, value: str) -> bool:
+    """True when an event on the first-parent line from ``tip`` back to ``seen`` sets ``tag`` to ``value``."""
+    for event in store.commits([tip] + ([f"^{seen}"] if seen else []), first_parent=True):
+        if event.meta.get("kind") == "tag-move" and event.meta.get("tag") == tag:
+            return event.meta.get("to") == value
+    return False
+
+
+def future_dated(view: TeamView, now: float | None = None) -> list[dict[str, Any]]:
+    """Other writers' snapshot branches and push ledgers whose newest commit is dated more
+    than ``FUTURE_MARGIN`` ahead of this machine's clock (that writer's clock is wrong).
+    Such a time orders nothing that ancestry orders (``_by_ancestry``); it is said, not trusted."""
+    tips = {(writer, f"{prefix}{name}"): commit for prefix in ("nodes/", "pushes/")
+            for name, by in view.by_writer(refs.local_name(prefix)).items()
+            for writer, commit in by.items() if writer != view.me}
+    view._load_times(list(set(tips.values())))
+    now = time.time() if now is None else now
+    found = []
+    for (writer, ref), commit in sorted(tips.items()):
+        ahead = commit_moment(view.commit(commit)) / 1e9 - now
+        if ahead > FUTURE_MARGIN:
+            found.append({"writer": writer, "ref": ref, "commit": commit, "ahead_seconds": round(ahead),
+                          "time": view.commit(commit).time.isoformat()})
+    return found
+
+
+def _not_published_here(store: Store, me: str, mine_there: dict[str, str], own: dict[str, str],
+                        mirror: dict[str, str]) -> dict[str, str]:
+    """``{name: commit}`` of the refs under our writer id on the remote that this store did
+    not publish. Ours are what the mirror says we published or saw there, and any commit this
+    store's own refs contain (a first publish whose sync was killed before it could note it:
+    its `git push` went on alone). Anything else another store published under our id."""
+    unknown = {name: oid for name, oid in mine_there.items()
+               if mirror.get(f"{me}/{name}") != oid and own.get(name) != oid}
+    return {name: oid for name, oid in sorted(unknown.items()) if not _in_own_history(store, oid)}
+
+
+def _in_own_history(store: Store, commit: str) -> bool:
+    """True when one of this store's own branches or tags contains ``commit`` (never a mirror's)."""
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return False
+    found = run_git(store.path, "for-each-ref", "--count=1", "--format=%(refname)", f"--contains={commit}",
+                    "refs/heads/", "refs/tags/")
+    return found.returncode == 0 and bool(found.stdout.strip())
+
+
+def _strangers_error(me: str, remote: str, strangers: dict[str, str]) -> RemoteError:
+    names = ", ".join(repr(name) for name in list(strangers)[:3]) + (" …" if len(strangers) > 3 else "")
+    return RemoteError(f"the writer id {me!r} already publishes to {remote} from another store: "
+                       f"{len(strangers)} ref(s) there this store did not publish ({names}); nothing was sent",
+                       hint="if that store is another engineer's, give this one its own writer id "
+                            "(`snapver init --writer NAME`); if it is gone and the id is yours, "
+                            "`snapver sync --reclaim` replaces them with this store's")
 
 
 # What only ever moves forward in a writer's namespace: a snapshot branch, a push ledger,

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -307,7 +308,7 @@ def test_sync_over_ssh_and_the_bad_remotes(tmp_path: Path, two_nodes: dict[str, 
     subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
                    check=True)
     ok(twin, "pull", "ct200")
-    one_error(snap(twin, "sync"), 3, "same writer id")
+    one_error(snap(twin, "sync"), 3, "already publishes", "did not publish")
     assert remote_refs(remote) == before
     # A remote whose hook refuses the push: exit 3, nothing published; the next sync completes.
     hook = remote / "hooks" / "pre-receive"
@@ -388,3 +389,301 @@ def test_a_pull_compares_with_the_newest_snapshot_of_the_node_by_any_writer(tmp_
         assert pulled(alice, node)["unchanged_since"] == commit
     assert ok(alice, "log").out == ok(bob, "log").out
     fsck(remote)
+
+
+# -- trust: what a teammate's namespace may and may not make this store do ----------------
+EVIL = "import os; os.system('touch /tmp/owned')\n"
+DFLASH = f"{SRT}/speculative/dflash_worker.py"
+
+
+def git_out(config: Path, *args: str, input: str | None = None) -> str:  # noqa: A002 - as subprocess.run
+    return subprocess.run(["git", "--git-dir", str(config.parent / "snapshots"), "-c", "user.name=m",
+                           "-c", "user.email=m@m", *args], input=input, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def forge_push_record(mallory: Path, node: str, claimed: str, bait: str) -> str:
+    """In mallory's store, a push record of ``node`` claiming to be ``claimed``'s push, its
+    restore point ``bait`` (a snapshot only this record reaches, as its second parent) and its
+    files the node's dflash worker as the team's newest snapshot holds it; published on the
+    next sync under mallory's own namespace. Returns the record."""
+    newest = git_rev(mallory, f"refs/remotes/team/bob@lab/nodes/{node}")
+    genuine = git_rev(mallory, f"refs/remotes/team/bob@lab/pushes/{node}")
+    meta = json.dumps({"v": 1, "kind": "push", "action": "push", "state": "done", "patch": "port", "node": node,
+                       "writer": claimed, "push_id": "f0f0f0f0f0f0f0f0", "before": bait, "restore": bait,
+                       "after": newest, "patch_commit": newest, "files": {"write": [DFLASH]},
+                       "time_ns": time.time_ns()})  # the newest record, to the nanosecond
+    record = git_out(mallory, "commit-tree", f"{newest}^{{tree}}", "-p", genuine, "-p", bait,
+                     "-m", f"push port to {node}: done\n\nsnapver-meta: {meta}")
+    git_out(mallory, "update-ref", f"refs/heads/pushes/{node}", record)
+    return record
+
+
+@pytest.mark.parametrize("claimed", ["bob@lab", "mallory@lab"])
+def test_a_forged_push_record_in_a_third_namespace_never_deploys_its_snapshot(
+        tmp_path: Path, make_site_packages: Callable[..., Path], ssh_node: Callable[..., dict[str, Any]],
+        local_node: Callable[..., dict[str, Any]], claimed: str) -> None:
+    site = make_site_packages("ct129", files=FILES)
+    bait_site = make_site_packages("bait", files={**FILES, DFLASH: EVIL})
+    nodes = {"ct129": ssh_node("ct129", site)}
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", nodes, str(remote))
+    bob = engineer(tmp_path, "bob", nodes, str(remote))
+    mallory = engineer(tmp_path, "mallory", {**nodes, "bait": local_node(bait_site)}, str(remote))
+    diff = tmp_path / "port.diff"
+    diff.write_text(f"--- a/{SRT}/server_args.py\n+++ b/{SRT}/server_args.py\n@@ -1 +1 @@\n"
+                    "-port = 30000\n+port = 30001\n")
+    # Bob pushes a real patch to ct129 and publishes it.
+    ok(bob, "pull", "ct129")
+    ok(bob, "patch", "import", "port", diff, "--base", "ct129", "--nodes", "ct129")
+    ok(bob, "push", "port", "ct129", "--yes")
+    ok(bob, "sync")
+    # Mallory snapshots a tree holding the payload, hides it (no branch names it, so `log` never
+    # shows it) and forges a newer record of ct129 that restores it, published as hers.
+    ok(mallory, "sync")
+    ok(mallory, "pull", "bait")
+    bait = own_head(mallory, "bait")
+    git_out(mallory, "update-ref", "-d", "refs/heads/nodes/bait")
+    forged = forge_push_record(mallory, "ct129", claimed, bait)
+    ok(mallory, "sync")
+    assert remote_refs(remote)["refs/snapver/mallory@lab/pushes/ct129"] == forged
+
+    ok(alice, "sync")
+    assert bait[:10] not in ok(alice, "log").out
+    planned = ok(alice, "rollback", "ct129", "--dry-run")
+    assert bait[:10] not in planned.out and "by 'bob@lab'" in planned.out, planned
+    done = ok(alice, "rollback", "ct129", "--yes")
+    assert (site / DFLASH).read_text() == FILES[DFLASH], done
+    # What is undone is bob's real push: the port is back, the payload nowhere.
+    assert (site / f"{SRT}/server_args.py").read_text() == FILES[f"{SRT}/server_args.py"], done
+    said = [line for line in (done.out + done.err).splitlines() if "ignored push record" in line]
+    assert len(said) == 1 and forged[:10] in said[0] and "'mallory@lab'" in said[0], done
+
+
+def wait_until(condition: Callable[[], object], what: str, deadline: float = 60.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"no {what} after {deadline} s"
+        time.sleep(0.01)
+
+
+def test_a_sync_killed_in_its_first_publish_is_recognised_as_ours_next_time(tmp_path: Path,
+                                                                           two_nodes: dict[str, Any]) -> None:
+    import signal
+
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    ok(alice, "pull", "ct200", "ct129")
+    ok(alice, "tag", "may22", "ct200")
+    # The remote takes the push, then holds it open until told: snapver is killed meanwhile,
+    # its `git push` carries on alone and completes.
+    hook = remote / "hooks" / "post-receive"
+    took, release = tmp_path / "took", tmp_path / "release"
+    hook.write_text(f"#!/bin/sh\ntouch {took}\nwhile [ ! -e {release} ]; do sleep 0.01; done\n")
+    hook.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    syncing = subprocess.Popen([sys.executable, "-m", "snapver", "--config", str(alice), "sync"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(took.exists, "push reaching the remote")
+        os.kill(syncing.pid, signal.SIGKILL)
+        syncing.wait(timeout=60)
+    finally:
+        release.touch()  # the hook never outlives the test
+    published = "refs/snapver/alice@lab/nodes/ct200"
+    wait_until(lambda: published in remote_refs(remote), "published ref")
+    hook.unlink()
+    before = remote_refs(remote)
+    assert before[published] == own_head(alice, "ct200")
+
+    # The next sync knows its own history there: no "another store", nothing lost.
+    again = snap(alice, "sync")
+    assert again.code == 0 and "another store" not in again.err + again.out, again
+    ok(alice, "pull", "ct200")  # and it goes on publishing as before
+    (Path(two_nodes["ct129"]["site_packages"]) / f"{SRT}/server_args.py").write_text("port = 30009\n")
+    ok(alice, "pull", "ct129")
+    ok(alice, "sync")
+    after = remote_refs(remote)
+    assert after["refs/snapver/alice@lab/nodes/ct129"] == own_head(alice, "ct129")
+    assert after["refs/snapver/alice@lab/tags/may22"] == before["refs/snapver/alice@lab/tags/may22"]
+    fsck(remote)
+
+
+def test_writer_ids_that_prefix_each_other_are_never_confused(tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    bob2 = engineer(tmp_path, "bob2", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    set_writer(bob2, "bob2")
+    set_writer(bob, "bob")  # a prefix of the other, to the letter
+    ok(bob2, "pull", "ct200")
+    ok(bob2, "tag", "v1", "ct200")
+    ok(bob2, "sync")
+    # bob's first sync: bob2's refs are someone else's, not bob's published elsewhere.
+    first = snap(bob, "sync")
+    assert first.code == 0 and "fetched from bob2" in first.out, first
+    (Path(two_nodes["ct200"]["site_packages"]) / f"{SRT}/server_args.py").write_text("port = 30001\n")
+    ok(bob, "pull", "ct200")
+    ok(bob, "tag", "v2", "ct200")
+    ok(bob, "sync")
+    ok(bob2, "sync")
+    published = remote_refs(remote)
+    assert published["refs/snapver/bob/nodes/ct200"] == own_head(bob, "ct200")
+    assert published["refs/snapver/bob2/nodes/ct200"] == own_head(bob2, "ct200")
+    # Each store reads the other's snapshot as the other's: bob's is the newest, by bob.
+    for config in (bob, bob2):
+        log = ok(config, "log", "ct200").out.splitlines()
+        assert log[0].startswith(own_head(bob, "ct200")[:10]) and log[0].endswith(" by bob"), log
+        assert log[-1].endswith(" by bob2"), log
+    fsck(remote)
+
+
+def test_refs_in_our_namespace_this_store_did_not_publish_are_reported_then_reclaimed(
+        tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    ok(alice, "pull", "ct200")
+    ok(alice, "sync")
+    # Another store, given alice's id by mistake, publishes ct129 (alice never pulled it).
+    twin = engineer(tmp_path, "twin", two_nodes, str(remote))
+    set_writer(twin, "alice@lab")
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "config", "snapver.synced", "true"],
+                   check=True)
+    ok(twin, "pull", "ct129")
+    subprocess.run(["git", "--git-dir", str(twin.parent / "snapshots"), "push", "-q", str(remote),
+                    "refs/heads/nodes/ct129:refs/snapver/alice@lab/nodes/ct129"], check=True)
+    before = remote_refs(remote)
+    ok(alice, "pull", "ct129")  # alice's own, another commit
+    refused = snap(alice, "sync")
+    one_error(refused, 3, "'alice@lab'", "'nodes/ct129'", "did not publish")
+    assert "--reclaim" in refused.err, refused
+    assert remote_refs(remote) == before
+    assert "refs/remotes/team/alice@lab/nodes/ct129" not in subprocess.run(
+        ["git", "--git-dir", str(alice.parent / "snapshots"), "for-each-ref"], capture_output=True, text=True,
+        check=True).stdout  # not adopted
+    reclaimed = ok(alice, "sync", "--reclaim")
+    assert "reclaimed 1" in reclaimed.out, reclaimed
+    assert remote_refs(remote)["refs/snapver/alice@lab/nodes/ct129"] == own_head(alice, "ct129")
+    ok(alice, "sync")
+    fsck(remote)
+
+
+def date_ahead(config: Path, ref: str, seconds: int) -> str:
+    """Rewrite the commit at ``ref`` in that engineer's store as a clock ``seconds`` ahead would
+    have written it (commit times and the meta's time and time_ns; tree, parents unchanged)."""
+    git = ["git", "--git-dir", str(config.parent / "snapshots")]
+    raw = subprocess.run([*git, "cat-file", "commit", ref], check=True, capture_output=True).stdout.decode()
+    head, _, message = raw.partition("\n\n")
+    head = re.sub(r"^((?:author|committer) .*> )(\d+)", lambda m: m.group(1) + str(int(m.group(2)) + seconds),
+                  head, flags=re.M)
+    subject, _, meta_line = message.rpartition("snapver-meta: ")
+    meta = json.loads(meta_line)
+    meta["time_ns"] += seconds * 1_000_000_000
+    from datetime import datetime, timedelta
+
+    meta["time"] = (datetime.fromisoformat(meta["time"]) + timedelta(seconds=seconds)).isoformat()
+    text = head + "\n\n" + subject + "snapver-meta: " + json.dumps(meta) + "\n"
+    commit = subprocess.run([*git, "hash-object", "-t", "commit", "-w", "--stdin"], input=text.encode(),
+                            check=True, capture_output=True).stdout.decode().strip()
+    subprocess.run([*git, "update-ref", ref, commit], check=True)
+    return commit
+
+
+def test_a_teammate_s_clock_a_day_ahead_does_not_pin_the_newest_snapshot(tmp_path: Path,
+                                                                        two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    args = Path(two_nodes["ct200"]["site_packages"]) / f"{SRT}/server_args.py"
+    ok(alice, "pull", "ct200")
+    first = own_head(alice, "ct200")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    args.write_text("port = 30001\n")
+    ok(bob, "pull", "ct200")
+    ahead = date_ahead(bob, "refs/heads/nodes/ct200", 86400)  # bob's clock: a day ahead
+    ok(bob, "sync")
+    synced = ok(alice, "sync")
+    assert "future" in synced.err and ahead[:10] in synced.err and "bob@lab" in synced.err, synced
+    # Alice's next snapshot is taken on top of bob's (the newest she saw): it is the newest.
+    args.write_text("port = 30002\n")
+    second = json.loads(ok(alice, "pull", "ct200", "--json").out)["nodes"][0]
+    assert second["changed"] == 1, second
+    again = json.loads(ok(alice, "pull", "ct200", "--json").out)["nodes"][0]
+    assert again["snapshot"] is None and again["unchanged_since"] == second["snapshot"], again
+    assert json.loads(ok(alice, "show", "ct200@latest", "--json").out)["id"] == second["snapshot"]
+    log = ok(alice, "log", "ct200").out.splitlines()
+    assert [line[:10] for line in log] == [second["snapshot"][:10], ahead[:10], first[:10]], log
+    assert json.loads(ok(alice, "show", "ct200~1", "--json").out)["id"] == ahead
+    # Bob, synced, agrees.
+    ok(alice, "sync")
+    ok(bob, "sync")
+    assert json.loads(ok(bob, "pull", "ct200", "--json").out)["nodes"][0]["unchanged_since"] == second["snapshot"]
+
+
+def test_a_tag_forced_back_to_a_value_it_overruled_is_that_value_and_sync_says_who_moved_it(
+        tmp_path: Path, two_nodes: dict[str, Any]) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    ok(alice, "pull", "ct200", "ct129")
+    first, second = own_head(alice, "ct200"), own_head(alice, "ct129")
+    ok(alice, "tag", "prod", "ct200")
+    ok(alice, "sync")
+    ok(bob, "sync")
+    ok(bob, "tag", "--force", "prod", "ct129")  # bob moves the team's tag
+    ok(bob, "sync")
+    moved = ok(alice, "sync")
+    assert f"tag prod moved {first[:10]} → {second[:10]} by 'bob@lab'" in moved.out, moved
+    ok(alice, "tag", "--force", "prod", first)  # and alice forces it back to the value bob overruled
+    ok(alice, "sync")
+    back = ok(bob, "sync")
+    assert f"tag prod moved {second[:10]} → {first[:10]} by 'alice@lab'" in back.out, back
+    for config in (alice, bob):
+        assert json.loads(ok(config, "show", "prod", "--json").out)["id"] == first
+        assert re.search(rf"^prod\s+{first[:10]}", ok(config, "tag", "--list").out, re.M), config
+    assert "moved" not in ok(alice, "sync").out  # said once
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """An 8 MB tmpfs (the suite runs as root); unmounted afterwards, whatever happened."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_sync_that_fills_the_disk_leaves_no_temporary_pack(tmp_path: Path, two_nodes: dict[str, Any],
+                                                             make_site_packages: Callable[..., Path],
+                                                             local_node: Callable[..., dict[str, Any]],
+                                                             small_disk: Path) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    big = make_site_packages("big", files={**FILES, f"{SRT}/weights.bin": os.urandom(4 << 20)})
+    nodes = {**two_nodes, "big": local_node(big)}
+    alice = engineer(tmp_path, "alice", nodes, str(remote), path=str(small_disk / "snapshots"))
+    bob = engineer(tmp_path, "bob", nodes, str(remote))
+    ok(alice, "pull", "ct200")
+    ok(alice, "sync")
+    ok(bob, "pull", "big")
+    ok(bob, "sync")
+    # Alice's disk has 2 MB left: bob's 4 MB snapshot does not fit.
+    filler = small_disk / "filler"
+    with filler.open("wb") as out:
+        while os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize > 2 << 20:
+            out.write(b"\0" * (64 << 10))
+    before = remote_refs(small_disk / "snapshots")
+    full = snap(alice, "sync")
+    one_error(full, 4, "disk is full")
+    left = [str(path) for path in (small_disk / "snapshots" / "objects").rglob("tmp_*")]
+    assert not left, left  # the half-received objects removed: the space is back
+    assert remote_refs(small_disk / "snapshots") == before
+    # 3 MB freed: with the failed fetch's leftovers gone, 5 MB is room enough.
+    os.truncate(filler, max(0, filler.stat().st_size - (3 << 20)))
+    ok(alice, "sync")
+    assert ok(alice, "show", "big@latest", f"{SRT}/__init__.py").out == ""
