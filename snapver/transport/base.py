@@ -681,6 +681,12 @@ class Transport(ABC):
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""
         return self.call("hash", paths=paths, algo=algo)["hashes"]
 
+    def run_restart(self, command: str, timeout: float) -> dict[str, Any]:
+        """Run a restart command where the node's service is managed from: on the node, by
+        its agent (a container's transport runs it on the container's host). The reply:
+        ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
+        return self.call("run", command=command, timeout=timeout)
+
 
 def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:
     """The listing of a delta reply that found every one of the cache's ``files`` files
