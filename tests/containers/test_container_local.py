@@ -59,3 +59,15 @@ def test_restart_runs_on_the_host_and_health_url_is_polled_inside(make_container
     result = run_snapver("rollback", "box", "--yes")
     assert result.code == 0, result
     assert container_sha256(name, FILE) != hashlib.sha256(patched).hexdigest()
+
+
+def test_container_and_image_ids_from_the_engine_on_the_host(sglang_container) -> None:
+    """What a push record will keep to tell a re-created container (asked of the host's engine)."""
+    from snapver.config import NodeSpec
+    from snapver.transport.container import LocalContainerTransport
+
+    spec = NodeSpec("box", dockerkit.SGLANG_PYTHON, local=True, container=sglang_container)
+    expected = dockerkit.docker("inspect", "--format", "{{.Id}} {{.Image}}", sglang_container).stdout.split()
+    assert LocalContainerTransport(spec).container_identity() == tuple(word.decode() for word in expected)
+    gone = NodeSpec("box", dockerkit.SGLANG_PYTHON, local=True, container="snapver-test-no-such-container")
+    assert LocalContainerTransport(gone).container_identity() is None
