@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: bash scripts/test.sh [pytest args...]
 # On a fresh Debian machine (as root) it installs what the tests need first:
-# a real OpenSSH server and client, rsync, git and zstd.
+# a real OpenSSH server and client, rsync, git and zstd; and, for the container tests
+# (tests/containers), Debian's Docker Engine and debootstrap, whose daemon it starts
+# when none answers and stops again when the tests end.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,8 +23,56 @@ for tool in /usr/sbin/sshd ssh ssh-keygen rsync git zstd python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is still missing" >&2; exit 1; }
 done
 
+# -- a Docker daemon for tests/containers ------------------------------------------------
+DOCKERD_LOG=/tmp/snapver-test-dockerd.log
+DOCKERD_PID=""  # set only when this script started the daemon: it stops only that one
+
+stop_dockerd() {
+  [[ -n "$DOCKERD_PID" ]] || return 0
+  kill "$DOCKERD_PID" 2>/dev/null || true
+  for _ in $(seq 1 150); do  # dockerd stops its containers first: up to ~15 s
+    kill -0 "$DOCKERD_PID" 2>/dev/null || { DOCKERD_PID=""; return 0; }
+    sleep 0.1
+  done
+  kill -9 "$DOCKERD_PID" 2>/dev/null || true
+  DOCKERD_PID=""
+}
+
+start_dockerd() {
+  if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    return 0  # a daemon answers already: use it, and leave it running
+  fi
+  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+    echo "scripts/test.sh: no Docker daemon; installing docker.io and debootstrap with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q docker.io debootstrap
+  fi
+  echo "scripts/test.sh: starting dockerd (log: $DOCKERD_LOG)" >&2
+  dockerd >"$DOCKERD_LOG" 2>&1 &
+  DOCKERD_PID=$!
+  trap stop_dockerd EXIT
+  local deadline=$((SECONDS + 60))
+  until docker info >/dev/null 2>&1; do
+    if ! kill -0 "$DOCKERD_PID" 2>/dev/null || ((SECONDS >= deadline)); then
+      echo "scripts/test.sh: dockerd did not answer within 60 s; its log:" >&2
+      tail -n 20 "$DOCKERD_LOG" >&2 || true
+      stop_dockerd
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+start_dockerd
+
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[test]'
 # Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
 # sshd, git and node agents, and these machines have two cores (10 min -> ~6 min).
 # A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.
-exec python3 -m pytest -q -n 2 --dist loadfile "$@"
+# Not `exec`: the dockerd started above is stopped when pytest ends, and pytest's exit
+# code is this script's.
+status=0
+python3 -m pytest -q -n 2 --dist loadfile "$@" || status=$?
+stop_dockerd
+exit "$status"

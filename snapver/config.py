@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from snapver.store.refs import MAX_NAME_LENGTH  # node and group names: as tag a
 CONFIG_NAME = ".snapver"
 ENV_CONFIG = "SNAPVER_CONFIG"
 HOST_KEY_POLICIES = ("strict", "accept-new")
+ENGINES = ("docker", "podman")
 DEFAULT_PATHS = ("sglang/srt",)
 DEFAULT_EXCLUDE = ("__pycache__/", "*.pyc")
 
@@ -42,10 +44,15 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "health": (str, "a shell command"),
     "health_url": (str, "an http:// or https:// URL"),
     "health_timeout": ((int, float), "a number of seconds"),
+    "container": (str, "a string (the container's name or id)"),
+    "engine": (str, '"docker" or "podman"'),
+    "exec": (list, 'a list of strings (an argv prefix, e.g. ["kubectl", "exec", "-i", "POD", "--"])'),
 }
 DEFAULT_HEALTH_TIMEOUT = 300.0
 CONFIG_HINT = "every key is described in .snapver.example (snapver init writes it as a new .snapver)"
-_NODE_ONLY_KEYS = {"host", "local"}  # what one node is; the rest a fleet may share ([defaults])
+# What one node is; the rest a fleet may share ([defaults]): a container's name may be
+# the same on every host, an exec prefix names one pod.
+_NODE_ONLY_KEYS = {"host", "local", "exec"}
 
 
 @dataclass(frozen=True)
@@ -71,15 +78,32 @@ class NodeSpec:
     health: str | None = None  # a shell command on the node: exit 0 = healthy
     health_url: str | None = None  # polled from the node itself: 2xx = healthy
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT  # seconds for the restart, and to become healthy
+    # The node is a container on the host (or on this machine, ``local``): the agent runs
+    # through ``ENGINE exec -i CONTAINER``, or through ``exec_prefix`` (kubectl exec ... --).
+    container: str | None = None
+    engine: str = "docker"
+    exec_prefix: tuple[str, ...] = ()
+
+    @property
+    def in_container(self) -> bool:
+        """True when the agent runs in a container (``container`` or ``exec``), not on the host."""
+        return bool(self.container or self.exec_prefix)
 
     @property
     def address(self) -> str:
-        """Where the node lives, for humans: ``user@host:port`` or ``local``."""
+        """Where the node lives, for humans: ``user@host:port`` or ``local``, then the
+        container (``docker:sglang``) or exec prefix, if any."""
         if self.local:
-            return "local"
-        user = f"{self.user}@" if self.user else ""
-        port = f":{self.port}" if self.port else ""
-        return f"{user}{self.host}{port}"
+            where = "local"
+        else:
+            user = f"{self.user}@" if self.user else ""
+            port = f":{self.port}" if self.port else ""
+            where = f"{user}{self.host}{port}"
+        if self.container:
+            return f"{where} {self.engine}:{self.container}"
+        if self.exec_prefix:
+            return f"{where} exec {shlex.join(self.exec_prefix)}"
+        return where
 
     @property
     def tcp_connect_timeout(self) -> int:
@@ -244,6 +268,8 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
         _check_keys(table, set(_NODE_KEYS), prefix, fail)
         _check_types(table, prefix, fail)
         merged = {**defaults, **table}
+        if "exec" in table and "container" not in table:
+            merged.pop("container", None)  # a node's own exec prefix replaces a shared container
         nodes[name] = _node_spec(name, merged, prefix, fail, path.resolve().parent)
 
     groups: dict[str, tuple[str, ...]] = {}
@@ -282,12 +308,34 @@ def _local_path(value: str | None, folder: Path, command: bool = False) -> str |
     return os.path.normpath(Path(folder, os.path.expanduser(value)))
 
 
+def _container_keys(merged: dict[str, Any], prefix: str, fail: Any) -> tuple[str | None, str, tuple[str, ...]]:
+    """(container, engine, exec prefix) of a node, checked."""
+    container, prefix_argv = merged.get("container"), merged.get("exec")
+    if container is not None and prefix_argv is not None:
+        raise fail(prefix.rstrip("."), "container and exec are two ways to reach one container: set one "
+                   '(exec = [...] for anything but docker or podman, e.g. ["kubectl", "exec", "-i", "POD", "--"])')
+    if container is not None and (not container.strip() or container.startswith("-") or "\0" in container):
+        raise fail(prefix + "container", f"expected a container name or id, got {container!r}")
+    engine = merged.get("engine", "docker")
+    if engine not in ENGINES:
+        raise fail(prefix + "engine", f'expected "docker" or "podman", got {engine!r}')
+    if prefix_argv is not None and (not prefix_argv or not prefix_argv[0].strip()):
+        raise fail(prefix + "exec", "expected a non-empty list of strings starting with a command")
+    return container, engine, tuple(prefix_argv or ())
+
+
 def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder: Path) -> NodeSpec:
-    local = bool(merged.get("local", False))
-    if local:  # a path on a node is the node's to read (its home, its working folder)
+    container, engine, exec_prefix = _container_keys(merged, prefix, fail)
+    in_container = bool(container or exec_prefix)
+    # A container without a host is on this machine, as `local = true` says it.
+    local = bool(merged.get("local", False)) or (in_container and not merged.get("host"))
+    if local and not in_container:  # a path on a node is the node's to read (its home, its working folder)
         merged = {**merged, "site_packages": _local_path(merged.get("site_packages"), folder),
                   "python": _local_path(merged.get("python"), folder, command=True)}
     if not merged.get("site_packages") and not merged.get("python"):
+        if in_container:
+            raise fail(prefix.rstrip("."), "needs site_packages or python, as found inside the container "
+                       "(e.g. site_packages = \"/sgl-workspace/sglang/python\" for the official SGLang image)")
         raise fail(prefix.rstrip("."), "needs site_packages or python")
     if not local and not merged.get("host"):
         raise fail(prefix + "host", "missing (or set local = true)")
@@ -354,6 +402,9 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         health=merged.get("health"),
         health_url=health_url,
         health_timeout=float(health_timeout),
+        container=container,
+        engine=engine,
+        exec_prefix=exec_prefix,
     )
 
 

@@ -415,8 +415,7 @@ def run_hooks(transport: Transport, spec: NodeSpec, hooks: Hooks, log: list[str]
     """Restart, then wait until healthy; each step's outcome is appended to ``log``; the
     first failure raises (a restart that exits non-zero, hangs, or ends the session)."""
     if hooks.restart:
-        reply = transport.call_within(hook_deadline(spec, hooks.timeout), "run", command=hooks.restart,
-                                      timeout=hooks.timeout)
+        reply = transport.run_restart(hooks.restart, hooks.timeout, hook_deadline(spec, hooks.timeout))
         output = (reply.get("output") or "").strip()
         if reply.get("timed_out") or reply.get("code") != 0:
             why = f"timed out after {hooks.timeout:g} s" if reply.get("timed_out") else f"exit {reply.get('code')}"

@@ -290,6 +290,7 @@ class Transport(ABC):
         (``info``, or the reply to the next request), so the first real request travels
         right behind it and the node's shell and Python start-up overlap with the caller's
         own work. A node that cannot answer hello fails that first use."""
+        self._greeted = False  # every agent started greets first, a restarted one too
         self._channel = self._start(agent_command(self.spec.python, no_site=bool(self.spec.site_packages),
                                                   site_packages=self.spec.site_packages))
         interrupt.register(self)
@@ -762,6 +763,13 @@ class Transport(ABC):
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
         """Hash ``paths`` on the node; ``None`` for a path that is not there."""
         return self.call("hash", paths=paths, algo=algo)["hashes"]
+
+    def run_restart(self, command: str, timeout: float, deadline: float) -> dict[str, Any]:
+        """Run a restart command where the node's service is managed from: on the node, by
+        its agent (a container's transport runs it on the container's host), its reply due
+        within ``deadline`` seconds. The reply:
+        ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
+        return self.call_within(deadline, "run", command=command, timeout=timeout)
 
 
 def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:

@@ -16,7 +16,10 @@ from snapver.transport.base import Transport
 
 
 def open_transport(spec: NodeSpec) -> Transport:
-    """The transport for a node spec: a local folder or SSH (imported only when needed)."""
+    """The transport for a node spec: a local folder, SSH, or a container on either
+    (imported only when needed)."""
+    if spec.in_container:
+        return _container_transport(spec)
     if spec.local:
         from snapver.transport.local import LocalTransport
 
@@ -35,6 +38,18 @@ def open_transport(spec: NodeSpec) -> Transport:
     from snapver.transport.ssh import SshTransport
 
     return SshTransport(spec, early=early)
+
+
+def _container_transport(spec: NodeSpec) -> Transport:
+    if spec.local:
+        from snapver.transport.container import LocalContainerTransport
+
+        return LocalContainerTransport(spec)
+    from snapver.transport import container_ssh
+
+    if spec.control_persist > 0:
+        return container_ssh.MuxContainerTransport(spec)
+    return container_ssh.SshContainerTransport(spec)
 
 
 # A start is a TCP connection, sshd's banner and authentication, each bounded by the

@@ -16,36 +16,43 @@ from snapver.model import StatEntry
 from snapver.transport.base import FileItem, Listing, RawChannel, StatKeys, Transport, agent_command
 
 
+def spawn(node: str, argv: list[str]) -> RawChannel:
+    """Start ``argv`` on this machine with its stdin and stdout as the agent's channel.
+
+    A session of its own: a Ctrl-C at the terminal must not kill the agent under a push
+    that then undoes what it wrote through it (snapver ends it itself). An ``argv[0]``
+    that cannot be run raises TransportError, chained to the OSError."""
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise TransportError(f"{node}: cannot start the local agent: {exc}") from exc
+    assert process.stdin is not None and process.stdout is not None
+
+    def close() -> str:
+        for pipe in (process.stdin, process.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            stderr = process.stderr.read() if process.stderr else b""
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stderr = b""
+        return stderr.decode("utf-8", "replace")
+
+    return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
+
+
 class LocalTransport(Transport):
     """The same agent and protocol as SSH, over a subprocess's pipes."""
 
     def _start(self, command: str) -> RawChannel:
         if self.spec.python is None:
             command = agent_command(sys.executable, no_site=bool(self.spec.site_packages))
-        try:
-            # A session of its own: a Ctrl-C at the terminal must not kill the agent under a
-            # push that then undoes what it wrote through it (snapver ends it itself).
-            process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, start_new_session=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise TransportError(f"{self.spec.name}: cannot start the local agent: {exc}") from exc
-        assert process.stdin is not None and process.stdout is not None
-
-        def close() -> str:
-            for pipe in (process.stdin, process.stdout):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-            try:
-                stderr = process.stderr.read() if process.stderr else b""
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stderr = b""
-            return stderr.decode("utf-8", "replace")
-
-        return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
+        return spawn(self.spec.name, ["/bin/sh", "-c", command])
 
 
 class FolderTransport(LocalTransport):
