@@ -133,3 +133,30 @@ def test_log_lists_snapshots_of_one_second_newest_first(make_site_packages, loca
         assert [row["node"] for row in listed] == ["n2", "n1"], [(r["node"], r["meta"]["time_ns"]) for r in listed]
         newest = json.loads(run_inproc("--config", config, "log", "-n", "1", "--json").out)["snapshots"]
         assert [row["node"] for row in newest] == ["n2"]
+
+
+def test_the_snapshot_a_rollback_takes_before_writing_is_labelled_so(make_site_packages, ssh_node,
+                                                                     tmp_path: Path) -> None:
+    """A hot-fix after a push: the rollback snapshots it before writing; log names that
+    snapshot as the rollback's (issue 32: it showed as `pull`)."""
+    site = make_site_packages("ct200", files={A: "a = 1\n", B: "b = 1\n"})
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": {"ct200": ssh_node("ct200", site)}}))
+
+    def cli(*args: object):
+        result = run_inproc("--config", config, *args)
+        assert result.code == 0, result
+        return result
+
+    cli("pull")
+    diff_file = tmp_path / "fix-b.diff"
+    diff_file.write_text(f"--- a/{B}\n+++ b/{B}\n@@ -1 +1 @@\n-b = 1\n+b = 2\n")
+    cli("patch", "import", "fix-b", diff_file, "--base", "ct200")
+    cli("push", "fix-b", "ct200", "--yes")
+    (site / A).write_text("a = 2  # hot-fix after the push\n")
+    cli("rollback", "ct200", "--yes")
+    snapshots = json.loads(cli("log", "--json").out)["snapshots"]
+    assert [(s["event"], s["patch"]) for s in snapshots] == [
+        ("rollback", None), ("before-rollback", None), ("push", "fix-b"), ("pull", None)]
+    lines = cli("log", "--oneline").out.splitlines()
+    assert lines[1].split()[4:] == ["before-rollback"], lines
