@@ -1732,15 +1732,16 @@ def _inspect(pid, site, roots, owner, owner_exes):
         if rel is not None:
             mapped[rel] = (inode, deleted)
     reasons = ["maps %d file(s) of the tree" % len(mapped)] if mapped else []
-    held = sorted(set(rel for rel in (_in_tree(path, site, roots) for path in _open_files(pid)) if rel))
-    if held:
-        reasons.append("has %d file(s) of the tree open" % len(held))
     exe = ""
     try:
         exe = os.readlink("/proc/%d/exe" % pid)
     except FileNotFoundError:
         pass
     if _is_python(exe, maps):
+        # Open files only of a Python: another program holding a .py open does not run it.
+        held = sorted(set(rel for rel in (_in_tree(path, site, roots) for path in _open_files(pid)) if rel))
+        if held:
+            reasons.append("has %d file(s) of the tree open" % len(held))
         reasons.extend(_deployment_python(pid, exe, argv, maps, site, roots, owner, owner_exes))
     if not reasons:
         return None

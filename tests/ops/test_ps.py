@@ -42,6 +42,7 @@ for name in filter(None, os.environ.get("IMPORT", "").split(",")):
     importlib.import_module(name)
 for path in filter(None, os.environ.get("LOAD", "").split(",")):
     ctypes.CDLL(path)
+held = [open(path, "rb") for path in filter(None, os.environ.get("HOLD", "").split(","))]
 open(os.environ["READY"], "w").close()
 time.sleep(600)
 '''
@@ -228,6 +229,15 @@ def test_renamed_processes_are_listed_and_flagged(make_node, run_snapver):
     for pid in (renamed, disguised):
         assert found[pid]["restart_needed"] is True and found[pid]["files"] == [MODULE], found[pid]
     assert found[renamed]["command"] == "sglang::scheduler_TP0"
+
+
+def test_a_python_holding_a_tree_file_open_is_listed(make_node, run_snapver):
+    """Renamed, no venv, nothing mapped from site-packages: the file of the tree it holds
+    open says it runs the tree."""
+    node = make_node()
+    pid = node.start("", argv0="sglang::loader", HOLD=str(node.site / MODULE))
+    found = ps_of(run_snapver, 0)
+    assert pid in found and "has 1 file(s) of the tree open" in found[pid]["reasons"], found
 
 
 C_SOURCE = "int snapver_value(void) { return %d; }\n"
