@@ -67,6 +67,11 @@ start_dockerd() {
 start_dockerd
 
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[test]'
+# The real setproctitle wheel that tests/ops/test_ps.py installs into a node's venv (no index
+# there): fetched from PyPI once into a cache beside the tests.
+ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
+  python3 -m pip download -q --only-binary :all: --no-deps -d .test-wheels setproctitle ||
+  echo "scripts/test.sh: could not download setproctitle (tests/ops/test_ps.py will try again)" >&2
 # Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
 # sshd, git and node agents, and these machines have two cores (10 min -> ~6 min).
 # A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.

@@ -159,7 +159,7 @@ class Config:
                 )
             return [self.nodes[name] for name in self.nodes]
         chosen: dict[str, NodeSpec] = {}
-        for name in map(self.live_name, names):
+        for name in map(self.live_name, self._expand_ranges(names)):
             if name in self.groups:
                 for member in self.groups[name]:
                     chosen.setdefault(member, self.nodes[member])
@@ -170,6 +170,51 @@ class Config:
                 raise UsageError(f"unknown node or group {name!r}",
                                  hint=f"known: {', '.join(known) or '(none)'}")
         return list(chosen.values())
+
+    def _expand_ranges(self, names: list[str] | tuple[str, ...]) -> list[str]:
+        """Names with node ranges (``ct[200-207,210]``) expanded to the configured nodes and
+        groups they name; a range naming any other is a UsageError listing them."""
+        from snapver.noderange import RangeError, expand, is_range
+
+        expanded: list[str] = []
+        for text in names:
+            if not is_range(text):
+                expanded.append(text)
+                continue
+            try:
+                found = expand(text)
+            except RangeError as exc:
+                raise UsageError(f"bad node range: {exc}",
+                                 hint="write a range as ct[200-207,210] or gpu[01-16]") from None
+            unknown = [n for n in found if self.live_name(n) not in self.nodes and self.live_name(n) not in self.groups]
+            if unknown:
+                shown = ", ".join(unknown[:20]) + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+                raise UsageError(f"{text!r} names {len(unknown)} unknown node(s): {shown}",
+                                 hint=f"known nodes: {', '.join(sorted(self.nodes)) or '(none)'}")
+            expanded.extend(found)
+        return expanded
+
+
+def _expand_members(members: list[str], nodes: dict[str, NodeSpec], key: str, fail: Any) -> list[str]:
+    """A group's members with node ranges expanded; a range naming a node not configured
+    fails with them all."""
+    from snapver.noderange import RangeError, expand, is_range
+
+    expanded: list[str] = []
+    for member in members:
+        if not is_range(member):
+            expanded.append(member)
+            continue
+        try:
+            found = expand(member)
+        except RangeError as exc:
+            raise fail(key, f"bad node range: {exc}") from None
+        unknown = [n for n in found if n not in nodes]
+        if unknown:
+            shown = ", ".join(unknown[:20]) + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+            raise fail(key, f"{member!r} names {len(unknown)} unknown node(s): {shown}")
+        expanded.extend(found)
+    return expanded
 
 
 def find_config_path(explicit: str | None = None, cwd: Path | None = None) -> Path | None:
@@ -281,6 +326,7 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             raise fail(key, "expected a non-empty list of node names")
         if name in nodes:
             raise fail(key, f"a group cannot share its name with node {name!r}")
+        members = _expand_members(members, nodes, key, fail)
         twice = sorted({m for m in members if members.count(m) > 1})
         if twice:
             raise fail(key, f"node {twice[0]!r} is listed twice")

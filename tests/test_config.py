@@ -147,6 +147,37 @@ def test_select_expands_groups_in_order_without_repeats(write_config) -> None:
     assert [s.name for s in config.select([], all_nodes=True)] == ["ct200", "ct129", "fleet00"]
 
 
+def test_node_ranges_expand_in_groups_and_selections(write_config) -> None:
+    """Issue 32: `ct[200-207,210]` and `gpu[01-16]` name the configured nodes, zero padding kept."""
+    names = ["ct200", "ct201", "ct202", "ct210", "gpu01", "gpu02", "gpu10"]
+    groups = {"fleet": ["ct[200-202,210]"], "gpus": ["gpu[01-02]", "gpu10"]}
+    config = load_config(str(write_config({name: _node() for name in names}, groups=groups)))
+    assert config.groups == {"fleet": ("ct200", "ct201", "ct202", "ct210"), "gpus": ("gpu01", "gpu02", "gpu10")}
+    assert [s.name for s in config.select(["ct[201-202]", "gpu[01-02]@live"])] == ["ct201", "ct202", "gpu01", "gpu02"]
+    assert [s.name for s in config.select(["ct[200,210],fleet"])] == ["ct200", "ct210", "ct201", "ct202"]
+    with pytest.raises(UsageError) as caught:
+        config.select(["ct[200-203]"])
+    assert caught.value.exit_code == 2 and "'ct[200-203]' names 1 unknown node(s): ct203" in caught.value.message
+    for text, why in [("ct[7-2]", "runs backwards"), ("ct[a-b]", "is not a number"),
+                      ("ct[1-100000]", "names more than 10,000 nodes")]:
+        with pytest.raises(UsageError) as caught:
+            config.select([text])
+        assert caught.value.exit_code == 2 and caught.value.message.startswith("bad node range: ") \
+            and why in caught.value.message, text
+
+
+@pytest.mark.parametrize("members, reason", [
+    (["ct[200-202]"], "'ct[200-202]' names 1 unknown node(s): ct202"),
+    (["ct[201-200]"], "bad node range: 'ct[201-200]': the span '201-200' runs backwards"),
+    (["ct[200-201]", "ct200"], "node 'ct200' is listed twice"),
+])
+def test_bad_ranges_in_groups_name_the_key(write_config, members, reason) -> None:
+    path = write_config({"ct200": _node(), "ct201": _node()}, groups={"fleet": members})
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert caught.value.exit_code == 2 and "groups.fleet" in str(caught.value) and reason in str(caught.value)
+
+
 def test_node_at_live_is_the_node_wherever_nodes_are_named(write_config) -> None:
     """SPEC: `ct200@live` is the live node anywhere (status, pull, verify, ps, push take nodes)."""
     config = load_config(str(write_config({"ct200": _node(), "ct129": _node()}, groups={"tp8": ["ct200"]})))

@@ -21,8 +21,12 @@ def ps(
 ) -> int:
     """The processes running each node's tracked code, and which need a restart.
 
-    Read from /proc on the node: a process that started before a file it may run last
-    changed is marked restart needed, with those files.
+    Read from /proc on the node, by what each process runs (its interpreter, the files of
+    the tree it maps or holds open), so renamed processes are listed; snapver's own are
+    not. A process is marked restart needed when a module it may run differs, by
+    content, from what it held when the process started (the node's snapshot from then;
+    without one, a file changed since it started), or was added or removed since.
+    Exit 1 when any process needs a restart, 0 otherwise (as diff).
 
     Examples:
       snapver ps ct200
@@ -31,7 +35,8 @@ def ps(
     from snapver.ops.ps import ps as run_ps
 
     config = STATE.config()
-    result = run_ps(config.select(targets or [], all_nodes=not targets))
+    store = STATE.store(config) if (config.store_path / "HEAD").exists() else None
+    result = run_ps(config.select(targets or [], all_nodes=not targets), store)
     outcome(result.exit_code)
     if json_out:
         emit_json(result.to_json())
@@ -49,6 +54,17 @@ def started_text(process: Any) -> str:
     return f"{process.started:%Y-%m-%d %H:%M}"
 
 
+def file_verdict(item: Any) -> str:
+    """What one file means for a process, in a few words."""
+    if item.same_content:
+        return "replaced by the same bytes (old copy still mapped): no restart needed"
+    if item.certain:
+        return "old code (replaced .so still mapped)"
+    if item.why.startswith(("added", "removed")):
+        return f"{item.why.split(':')[0]}: may run old code"
+    return "may run old code"
+
+
 def render_ps(result: Any) -> None:
     out, err = console(), console(stderr=True)
     for node in result.nodes:
@@ -64,8 +80,7 @@ def render_ps(result: Any) -> None:
             out.print(f"  {process.pid:>7}  {show_path(process.user)}  started {started_text(process)}  {mark}  "
                       f"{escape(process.command)}")  # escape(): control characters quoted
             for item in process.files[:FILES_SHOWN]:
-                how = "old code (replaced .so still mapped)" if item.certain else "may run old code"
-                out.print(f"           {show_path(item.path)}: {how}")
+                out.print(f"           {show_path(item.path)}: {escape(file_verdict(item))}")
             more = len(process.files) - FILES_SHOWN + process.files_more
             if more > 0:
                 out.print(f"           and {more} more file(s)")

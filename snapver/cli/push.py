@@ -260,7 +260,7 @@ def push(
                                       roll_back_finished=True if rollback_all else None)
         else:
             result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
-        stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
+        stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes, store)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
     elif waves_spec is not None:
@@ -360,7 +360,7 @@ def rollback(
                                  between=lambda index, names: _between_waves(index, names, pause, yes),
                                  on_wave=None if json_out else _render_wave)
         written = [run for run in result.runs if run.written or run.deleted]
-        stale = [] if interrupt.requested() else stale_after_write([plan.node for plan in plans], written)
+        stale = [] if interrupt.requested() else stale_after_write([plan.node for plan in plans], written, store)
     finally:
         for plan in plans:
             plan.close()

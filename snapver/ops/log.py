@@ -28,14 +28,14 @@ class SnapshotInfo:
     dists: tuple[str, ...]
     message: str
     meta: dict
-    event: str = "pull"  # what made it: pull | push | rollback | import (a patch commit: patch)
+    event: str = "pull"  # what made it: pull | push | rollback | before-push | before-rollback | import | patch
     patch: str | None = None  # the patch a push wrote
     writer: str | None = None  # the store that took it (a team store's writer id; None before writer ids)
 
     @property
     def made_by(self) -> str:
-        """``pull``, ``push NAME``, ``rollback``, ``import``."""
-        return f"{self.event} {self.patch}" if self.patch and self.event in ("push", "patch") else self.event
+        """``pull``, ``push NAME``, ``before-push NAME``, ``rollback``, ``before-rollback``, ``import``."""
+        return f"{self.event} {self.patch}" if self.patch and self.event in ("push", "before-push", "patch") else self.event
 
     def to_json(self) -> dict:
         return {"id": self.id, "time": self.time.isoformat(), "node": self.node, "files": self.files,

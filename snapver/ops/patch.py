@@ -212,7 +212,9 @@ def check_new_name(store: Store, config: Config, name: str) -> None:
 
 def check_targets(config: Config, nodes: Iterable[str]) -> tuple[str, ...]:
     """Target names as given (nodes or groups, ``NODE@live`` as the node), each known to the config."""
-    names = tuple(config.live_name(n) for item in nodes for n in item.split(",") if n)
+    from snapver.noderange import split_top
+
+    names = tuple(config.live_name(n) for item in nodes for n in split_top(item) if n)  # ct[1,2]: one range
     if names:
         config.select(list(names))
     return names

@@ -679,7 +679,9 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
     if not busy:
         return []
     with store.lock():
-        before = _snapshot(store, busy)
+        # Labelled as what takes it (log showed it as a pull): "before-push NAME", "before-rollback".
+        before = _snapshot(store, busy, {"event": f"before-{record.action}",
+                                         **({"patch": record.meta["patch"]} if record.meta.get("patch") else {})})
         failed = {node: v for node, v in before.items() if isinstance(v, SnapverError)}
         if failed:
             node, error = sorted(failed.items())[0]

@@ -260,7 +260,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         row.live = live_manifest(listing())
         row.files = len(row.live)
         digests = record_digests()["hashes"] if record_digests is not None else None
-        _count_restarts(row.transport, spec, row)
+        _count_restarts(row.transport, spec, row, store)
         if snapshot_manifest is not None:
             row.drift = [DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)]
         if not want_record:
@@ -302,13 +302,13 @@ def _nothing_known_good(why: str) -> str:
             "--against REF (a tag, a snapshot, a folder), or keep the distribution's *.dist-info RECORD on the node")
 
 
-def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> None:
+def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus, store: Store | None) -> None:
     """How many of the node's processes run code older than its tree (the restart column);
     a node whose processes cannot be listed says why and keeps its status."""
     from snapver.ops.ps import processes_of
 
     try:
-        found = processes_of(transport, spec)
+        found = processes_of(transport, spec, store)
     except SnapverError as exc:
         row.restart_error = exc.message
         return

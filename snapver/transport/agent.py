@@ -1614,57 +1614,195 @@ def _environ(pid):
     return found
 
 
+# snapver's own processes, by their command line (world-readable, unlike the environment):
+# an agent runs the bootstrap (base.py) with -c, which compiles its source as "snapver-agent";
+# the compaction and the persistent connection run `python -m snapver.…`; the CLI runs
+# `python -m snapver` or the `snapver` console script. Never listed by ps.
+_AGENT_MARK = '"snapver-agent","exec")'
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def is_snapvers(argv):
+    """True when ``argv`` is a Python running snapver (its agent, compaction, mux or CLI)."""
+    index = 1
+    while index < len(argv):
+        token = argv[index]
+        if token in _PYTHON_OPTIONS_WITH_VALUE:
+            index += 2
+            continue
+        if token == "-c" or (token.startswith("-c") and not token.startswith("--")):
+            code = argv[index + 1] if token == "-c" and index + 1 < len(argv) else token[2:]
+            return code.startswith("import sys,zlib") and _AGENT_MARK in code
+        if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
+            module = argv[index + 1] if token == "-m" and index + 1 < len(argv) else token[2:]
+            return module == "snapver" or module.startswith("snapver.")
+        if not token.startswith("-") or token == "-":
+            return os.path.basename(token) == "snapver"  # the console script: python .../bin/snapver
+        index += 1
+    return False
+
+
+def _is_python(exe, maps):
+    """A Python interpreter by what it runs: its binary, or a libpython it maps (an
+    embedding program, a binary renamed)."""
+    if os.path.basename(exe).startswith("python"):
+        return True
+    return any(os.path.basename(path).startswith("libpython3") for path in maps)
+
+
+def _maps_of(pid):
+    """{path: (inode, deleted)} of the files a process maps."""
+    mapped = {}
+    for line in _proc_text(pid, "maps").decode("utf-8", "surrogateescape").splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path, deleted = parts[5], parts[5].endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        mapped[path] = (int(parts[4]), deleted)
+    return mapped
+
+
+def _open_files(pid):
+    """The paths a process has open (its fds that are files)."""
+    found = []
+    try:
+        names = os.listdir("/proc/%d/fd" % pid)
+    except (PermissionError, FileNotFoundError):
+        return found  # (fds of another user's process: its maps still speak)
+    for name in names:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, name))
+        except OSError:
+            continue
+        if target.startswith("/"):
+            found.append(target[: -len(" (deleted)")] if target.endswith(" (deleted)") else target)
+    return found
+
+
+def _in_tree(path, site, roots):
+    """``path`` relative to site-packages when it is a file of a tracked root, else None."""
+    rel = path[len(site) + 1:] if path.startswith(site + "/") else None
+    if rel is not None and any(rel == r or rel.startswith(r + "/") for r in roots):
+        return rel
+    return None
+
+
+def _deployment_python(pid, exe, argv, maps, site, roots, owner, owner_exes):
+    """Why a Python process runs the deployment's interpreter or imports from its
+    site-packages (a list of reasons, empty when nothing says so)."""
+    reasons = []
+    cwd = os.readlink("/proc/%d/cwd" % pid)
+    try:
+        environ = _environ(pid)
+    except (PermissionError, FileNotFoundError):
+        environ = {}  # emptied (setproctitle) or unreadable: what it runs still speaks
+    argv0 = _argv0_path(argv[0], cwd, environ)
+    if owner and (exe.startswith(owner + "/bin/") or exe in owner_exes
+                  or any(path.startswith(owner + "/lib/libpython") for path in maps)):
+        reasons.append("the deployment's python (%s)" % exe)
+    elif owner and (argv0.startswith(owner + "/bin/")
+                    or environ.get(b"VIRTUAL_ENV", b"").decode("utf-8", "replace") == owner):
+        reasons.append("the deployment's python (%s)" % owner)
+    from_site = [path for path in maps if path.startswith(site + "/") and _in_tree(path, site, roots) is None]
+    if from_site:
+        reasons.append("loads modules from site-packages (maps %d of its files)" % len(from_site))
+    pythonpath = environ.get(b"PYTHONPATH", b"").decode("utf-8", "replace").split(":")
+    if site in [os.path.normpath(os.path.join(cwd, p)) for p in pythonpath if p]:
+        reasons.append("site-packages on its PYTHONPATH")
+    if cwd == site:
+        reasons.append("works in site-packages")
+    return reasons
+
+
 def _inspect(pid, site, roots, owner, owner_exes):
-    """One process: None when it does not run the tree, else its row (reasons, mapped
-    files). PermissionError/FileNotFoundError escape to the caller."""
+    """One process: None when it does not run the tree (or is snapver's own), else its
+    row (reasons, mapped files of the tree). Found by what it runs, never by its name: the
+    files of the tree it maps or has open, its interpreter binary, the libraries it maps
+    (a process renamed with setproctitle or ``exec -a`` keeps all of these).
+    PermissionError/FileNotFoundError escape to the caller."""
     raw = _proc_text(pid, "cmdline")
     if not raw:
         return None  # a kernel thread, or a zombie
     argv = [part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0")]
+    if is_snapvers(argv):
+        return None
     comm, _, ticks = _stat_fields(pid)
-    reasons, mapped = [], {}
-    for line in _proc_text(pid, "maps").decode("utf-8", "surrogateescape").splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6:
-            continue
-        path = parts[5]
-        deleted = path.endswith(" (deleted)")
-        if deleted:
-            path = path[: -len(" (deleted)")]
-        rel = path[len(site) + 1:] if path.startswith(site + "/") else None
-        if rel is not None and any(rel == r or rel.startswith(r + "/") for r in roots):
-            mapped[rel] = (int(parts[4]), deleted)
-    if mapped:
-        reasons.append("maps %d file(s) of the tree" % len(mapped))
+    maps = _maps_of(pid)
+    mapped = {}
+    for path, (inode, deleted) in maps.items():
+        rel = _in_tree(path, site, roots)
+        if rel is not None:
+            mapped[rel] = (inode, deleted)
+    reasons = ["maps %d file(s) of the tree" % len(mapped)] if mapped else []
     exe = ""
     try:
         exe = os.readlink("/proc/%d/exe" % pid)
     except FileNotFoundError:
         pass
-    if os.path.basename(exe).startswith("python") or os.path.basename(argv[0]).startswith("python"):
-        cwd = os.readlink("/proc/%d/cwd" % pid)
-        environ = _environ(pid)
-        argv0 = _argv0_path(argv[0], cwd, environ)
-        if owner and (argv0.startswith(owner + "/bin/")
-                      or environ.get(b"VIRTUAL_ENV", b"").decode("utf-8", "replace") == owner):
-            reasons.append("the deployment's python (%s)" % owner)
-        elif exe and exe in owner_exes:
-            reasons.append("the deployment's python (%s)" % exe)
-        pythonpath = environ.get(b"PYTHONPATH", b"").decode("utf-8", "replace").split(":")
-        if site in [os.path.normpath(os.path.join(cwd, p)) for p in pythonpath if p]:
-            reasons.append("site-packages on its PYTHONPATH")
-        if cwd == site:
-            reasons.append("works in site-packages")
+    if _is_python(exe, maps):
+        # Open files only of a Python: another program holding a .py open does not run it.
+        held = sorted(set(rel for rel in (_in_tree(path, site, roots) for path in _open_files(pid)) if rel))
+        if held:
+            reasons.append("has %d file(s) of the tree open" % len(held))
+        reasons.extend(_deployment_python(pid, exe, argv, maps, site, roots, owner, owner_exes))
     if not reasons:
         return None
     return {"pid": pid, "comm": comm, "argv": argv, "ticks": ticks, "reasons": reasons, "mapped": mapped}
 
 
+def _modules_now(site, roots, exclude, oldest_ns):
+    """{rel: [ctime_ns, blob id]} of the tree's modules (.py, .so, .pyd); the blob id only
+    for those changed after ``oldest_ns`` (None for the others, or one that cannot be read):
+    the client judges a change by content against the tree as it was when a process started."""
+    modules = {}
+    tree = Tree(site)
+    try:
+        for rel, st, dir_fd, name in walk(tree, roots, exclude):
+            if not (stat.S_ISREG(st.st_mode) and rel.endswith((".py", ".so", ".pyd"))):
+                continue
+            oid = None
+            if st.st_ctime_ns > oldest_ns:
+                try:
+                    oid = hash_stable(At(dir_fd, name, tree.full(rel)), st)[0]
+                except (OSError, AgentError):
+                    oid = None
+            modules[rel] = [st.st_ctime_ns, oid]
+    except AgentError:
+        pass  # a tree that cannot be walked: the mapped files still speak
+    finally:
+        tree.close()
+    return modules
+
+
+def _stale_by_ctime(row, site, modules):
+    """The agent's own verdict (the client's, when no snapshot covers the process's start):
+    a mapped file replaced since it started is certain; a module changed (ctime) since, may
+    run old code."""
+    files = []
+    for rel, (inode, deleted) in sorted(row["mapped"].items()):
+        try:
+            now = os.lstat(os.path.join(site, rel))
+            replaced = deleted or now.st_ino != inode
+        except OSError:
+            replaced = True
+        if replaced:
+            files.append({"path": rel, "certain": True, "why": "mapped, replaced since it started"})
+    certain = set(item["path"] for item in files)
+    for rel, (ctime_ns, _) in sorted(modules.items(), key=lambda item: item[1][0]):
+        if ctime_ns > row["started_ns"] and rel not in certain:
+            files.append({"path": rel, "certain": False, "why": "changed after it started: may run old code",
+                          "changed_ns": ctime_ns})
+    return files
+
+
 def op_ps(channel, request):
-    """The processes that run code of the tracked tree, each with the tracked files
-    changed (ctime) since it started: a mapped file replaced since is certain, a
-    ``.py`` (or extension module) changed since "may run old code". Processes that
-    cannot be read are counted and named, never skipped."""
+    """The processes that run code of the tracked tree (never snapver's own), each with the
+    tracked files changed (ctime) since it started: a mapped file replaced since is certain,
+    a module changed since "may run old code". The tree's modules now (with the blob ids of
+    those changed since the oldest process started) let the client judge by content.
+    Processes that cannot be read are counted and named, never skipped."""
     site = os.path.realpath(site_packages_of(request.get("site_packages")))
     roots = [p.strip("/") for p in request["paths"]]
     match = _OWNER_LAYOUT.match(site)
@@ -1702,47 +1840,26 @@ def op_ps(channel, request):
         row["uid"], row["user"] = uid, _user_name(uid)
         row["started_ns"] = int((boot + row.pop("ticks") / float(ticks_per_second)) * 1e9)
         found.append(row)
-    # Only files changed after the oldest process started can matter: one stat walk.
-    changed = []
+    modules = {}
     if found:
-        oldest = min(row["started_ns"] for row in found)
-        tree = Tree(site)
-        try:
-            for rel, st, _, _ in walk(tree, roots, request.get("exclude") or []):
-                if stat.S_ISREG(st.st_mode) and st.st_ctime_ns > oldest and rel.endswith((".py", ".so", ".pyd")):
-                    changed.append((st.st_ctime_ns, rel))
-        except AgentError:
-            pass  # a tree that cannot be walked: the mapped files still speak
-        finally:
-            tree.close()
-        changed.sort()
+        modules = _modules_now(site, roots, request.get("exclude") or [], min(row["started_ns"] for row in found))
     processes = []
     for row in found:
-        files = []
+        files = _stale_by_ctime(row, site, modules)
+        mapped = {}
         for rel, (inode, deleted) in sorted(row["mapped"].items()):
-            try:
-                now = os.lstat(os.path.join(site, rel))
-                replaced = deleted or now.st_ino != inode
-            except OSError:
-                replaced = True
-            if replaced:
-                files.append({"path": rel, "certain": True, "why": "mapped, replaced since it started"})
-        certain = set(item["path"] for item in files)
-        for ctime_ns, rel in changed:
-            if ctime_ns > row["started_ns"] and rel not in certain:
-                files.append({"path": rel, "certain": False, "why": "changed after it started: may run old code",
-                              "changed_ns": ctime_ns})
+            mapped[rel] = {"replaced": any(item["path"] == rel and item["certain"] for item in files)}
         processes.append({"pid": row["pid"], "user": row["user"], "uid": row["uid"],
                           "command": mask_command(row["argv"]), "comm": row["comm"],
                           "started_ns": row["started_ns"], "reasons": row["reasons"],
-                          "mapped": sorted(row["mapped"]), "restart_needed": bool(files),
+                          "mapped": sorted(row["mapped"]), "mapped_detail": mapped, "restart_needed": bool(files),
                           "certain": any(item["certain"] for item in files),
                           "files": files[:PS_FILES_SHOWN], "files_more": max(0, len(files) - PS_FILES_SHOWN)})
     processes.sort(key=lambda item: item["pid"])
     unreadable.sort()
     channel.send({"processes": processes, "scanned": scanned, "unreadable": len(unreadable),
                   "unreadable_named": unreadable[:PS_UNREADABLE_SHOWN], "hidepid": _hidepid(),
-                  "now_ns": time.time_ns()})
+                  "modules": modules, "now_ns": time.time_ns()})
 
 
 class ClientGone(Exception):

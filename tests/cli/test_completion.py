@@ -101,6 +101,14 @@ def test_completion_never_fails(make_site_packages, write_config, local_node, on
     assert (done.returncode, done.stdout, done.stderr) == (0, " \nstatus \n", ""), done
 
 
+def test_completion_with_node_ranges(make_site_packages, write_config, local_node, on_path: Path) -> None:
+    """A group written as a range completes as any group; a range being typed offers nothing, fails nothing."""
+    write_config({name: local_node(make_site_packages(name)) for name in ("lab01", "lab02")},
+                 groups={"labs": ["lab[01-02]"]})
+    done = bash("complete_words snapver pull ''\ncomplete_words snapver status 'lab[0'", on_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "lab01 lab02 labs \n \n", ""), done
+
+
 def test_scripts_and_install(on_path: Path, isolated_env: Path) -> None:
     from snapver.cli.completion import script
 

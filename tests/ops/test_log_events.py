@@ -154,3 +154,30 @@ def test_show_of_a_special_file_is_a_note_not_content(make_site_packages, local_
         assert len(lines) == 2 and lines[1].startswith("hint: "), shown
     content = run_snapver("show", "n", A)
     assert (content.code, content.out) == (0, "a = 1\n"), content
+
+
+def test_the_snapshot_a_rollback_takes_before_writing_is_labelled_so(make_site_packages, ssh_node,
+                                                                     tmp_path: Path) -> None:
+    """A hot-fix after a push: the rollback snapshots it before writing; log names that
+    snapshot as the rollback's (it is not a `pull`)."""
+    site = make_site_packages("ct200", files={A: "a = 1\n", B: "b = 1\n"})
+    config = tmp_path / "snapver.toml"
+    config.write_text(toml_dumps({"store": {"path": "snapshots"}, "nodes": {"ct200": ssh_node("ct200", site)}}))
+
+    def cli(*args: object):
+        result = run_inproc("--config", config, *args)
+        assert result.code == 0, result
+        return result
+
+    cli("pull")
+    diff_file = tmp_path / "fix-b.diff"
+    diff_file.write_text(f"--- a/{B}\n+++ b/{B}\n@@ -1 +1 @@\n-b = 1\n+b = 2\n")
+    cli("patch", "import", "fix-b", diff_file, "--base", "ct200")
+    cli("push", "fix-b", "ct200", "--yes")
+    (site / A).write_text("a = 2  # hot-fix after the push\n")
+    cli("rollback", "ct200", "--yes")
+    snapshots = json.loads(cli("log", "--json").out)["snapshots"]
+    assert [(s["event"], s["patch"]) for s in snapshots] == [
+        ("rollback", None), ("before-rollback", None), ("push", "fix-b"), ("pull", None)]
+    lines = cli("log", "--oneline").out.splitlines()
+    assert lines[1].split()[4:] == ["before-rollback"], lines
