@@ -31,7 +31,7 @@ from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
-from snapver.ops.pull import request_live
+from snapver.ops.live import request_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
                                 record_paths)
