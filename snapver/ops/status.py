@@ -29,10 +29,10 @@ from typing import Any, Callable, Sequence
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
-from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
 from snapver.ops.live import request_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
+from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
                                 record_paths)
 from snapver.store import refs
@@ -423,7 +423,6 @@ def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPat
 
 def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:
     """The tree ``--against REF`` names (resolved as `diff` resolves its operands)."""
-    from snapver.ops.diff import _load_sides
     from snapver.refs import Resolver
 
     if config is None:
@@ -432,8 +431,8 @@ def known_good_of(store: Store | None, config: Config | None, text: str) -> Know
     if tree.live_node is not None:  # a folder is a live tree too, and a fine known-good copy
         raise UsageError(f"--against {text}: a live node is not known-good code",
                          hint=f"name a snapshot, a tag or a folder, e.g. {tree.live_node}@latest")
-    # diff's loader: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.
-    side = _load_sides(store, config, [tree])[0]
+    # As diff loads its sides: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.
+    side = load_sides(store, config, [tree])[0]
     if side.transport is not None:
         side.transport.close()
     return KnownGood("ref", text, side.commit.id if side.commit else None, side.manifest)
@@ -580,8 +579,6 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
     the legend says what each is: pristine (as known-good), a patch, a hot-fix (neither),
     or only its blob id where nothing is known-good for the nodes that hold it.
     """
-    from snapver.ops.diff import normalize_paths, path_matches
-
     filters = normalize_paths(paths)
     rows_read = [n for n in result.nodes if n.live is not None]
     every = sorted({path for n in rows_read for path in n.live.entries})  # type: ignore[union-attr]
