@@ -17,6 +17,7 @@ from typing import Any
 
 from snapver.errors import SnapverError
 from snapver.model import Entry, is_git_id
+from snapver.ops.record import tracked_record
 from snapver.store.repo import Store
 from snapver.transport.base import Transport
 
@@ -110,8 +111,6 @@ def _key(source: dict[str, Any]) -> str:
 
 
 def _read_record(transport: Transport, paths: list[str], tracked: dict[str, Any]) -> SnapshotRecord | None:
-    from snapver.ops.verify import tracked_record
-
     spec = transport.spec
     rows: dict[str, Any] = {}
     digests = {}

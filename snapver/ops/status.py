@@ -31,10 +31,10 @@ from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.log import tags_by_commit
 from snapver.ops.live import request_live
+from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
+                                record_paths)
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
-from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
-                                record_paths)
 from snapver.store import refs
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
