@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from operator import attrgetter
 from pathlib import Path
@@ -18,26 +17,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 from snapver.model import StatEntry
 from snapver.store import refs
+from snapver.store.cache import (STAT_CACHE_VERSION, STAT_KEYS_VERSION, of_version, stat_cache_path, stat_keys_path,
+                                 write_atomic)
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, StatKeys, Transport
 
 
-def stat_cache_path(store: Store, node: str) -> Path:
-    """The node's stat cache: its last listing's rows and blob ids, and the snapshot they made."""
-    return store.path / "snapver" / "stat-cache" / f"{node}.json"
-
-
 BY_PATH = attrgetter("path")  # the order of a keys file's records, and of its cache's blob ids
-
-
-def stat_keys_path(store: Store, node: str) -> Path:
-    """Beside the stat cache: its stat keys as the node's ``list`` takes them (one line of
-    JSON naming the commit and time, then the keys' JSON text compressed with zlib), so a
-    re-pull sends them without parsing the cache, encoding or compressing them again
-    (12,016 files: ~60 ms of client CPU before the node could start listing, then ~11 ms;
-    the cache is parsed while the node lists, and only if a file changed)."""
-    return store.path / "snapver" / "stat-cache" / f"{node}.keys"
 
 
 def stat_keys_text(keys: Iterable[tuple[str, int, int, int, int, int]]) -> str:
@@ -140,6 +127,8 @@ def _read_stat_keys(store: Store, node: str, head: str | None
         packed = header.get("zlib")
         files = header.get("files")
         files = files if isinstance(files, int) and not isinstance(files, bool) else None
+        if not of_version(header, STAT_KEYS_VERSION, unversioned=True):
+            return None
         if header["commit"] != head or files == 0:  # no files: no delta
             return None
         if files is None and _no_keys(zlib.decompress(data) if packed else data):  # an older file, uncounted
@@ -177,7 +166,8 @@ def load_stat_cache(store: Store, node: str, head: str | None,
     path = stat_cache_path(store, node)
     try:
         data = json.loads(path.read_text())
-        if head is None or not isinstance(data, dict) or data.get("commit") != head:
+        if head is None or not isinstance(data, dict) or data.get("commit") != head \
+                or not of_version(data, STAT_CACHE_VERSION, unversioned=True):
             return {}, 0
         now_ns = int(data["now_ns"])
         if "entries" in data:  # written before the cache held only blob ids
@@ -229,11 +219,9 @@ def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> N
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
     save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))
-    tmp = path.with_suffix(".tmp")
-    # The ids alone: the keys file has the rest (one JSON encoding of 2,602 rows, not two).
-    tmp.write_text(json.dumps({"commit": commit, "now_ns": listing.now_ns, "oids": [e.oid for e in files]},
-                              separators=(",", ":")))
-    os.replace(tmp, path)
+    # The ids alone: the keys file has the rest (one JSON encoding of the rows, not two).
+    write_atomic(path, json.dumps({"v": STAT_CACHE_VERSION, "commit": commit, "now_ns": listing.now_ns,
+                                   "oids": [e.oid for e in files]}, separators=(",", ":")).encode("ascii"))
 
 
 def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: list[StatEntry], others: int) -> None:
@@ -242,7 +230,7 @@ def save_stat_keys(store: Store, node: str, commit: str, now_ns: int, files: lis
     files), which have no keys."""
     path = stat_keys_path(store, node)
     records = _entries_records(files)
-    header = {"commit": commit, "now_ns": now_ns, "files": len(files), "others": others,
+    header = {"v": STAT_KEYS_VERSION, "commit": commit, "now_ns": now_ns, "files": len(files), "others": others,
               "records_digest": records_digest(records)}
     text = json.dumps(records)
     # As text: compressed by the first pull that sends them (which then keeps them so, see
@@ -265,10 +253,7 @@ def keep_stat_keys_packed(store: Store, node: str, keys: StatKeys) -> None:
 
 
 def _write_stat_keys(path: Path, header: dict[str, Any], data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".keys-tmp")
-    tmp.write_bytes(json.dumps(header).encode("ascii") + b"\n" + data)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(header).encode("ascii") + b"\n" + data)
 
 
 def newest_heads(store: Store) -> tuple[dict[str, str], dict[str, str]]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from snapver.errors import SnapverError
 from snapver.model import Entry, is_git_id
 from snapver.ops.record import tracked_record
+from snapver.store.cache import RECORD_SOURCE_VERSION, of_version, record_source_path, write_atomic
 from snapver.store.repo import Store
 from snapver.transport.base import Transport
 
@@ -35,23 +34,18 @@ class SnapshotRecord:
     oid: str | None = None
 
 
-def record_source_path(store: Store, node: str) -> Path:
-    """What the RECORD rows of the node's last snapshot were made from (``save_record_source``)."""
-    return store.path / "snapver" / "stat-cache" / f"{node}.record"
-
-
 def save_record_source(store: Store, node: str, commit: str, source: dict[str, Any]) -> None:
     """Keep what snapshot ``commit``'s RECORD rows were made from, for the node's next pull."""
-    path = record_source_path(store, node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".record-tmp")
-    tmp.write_text(json.dumps({"commit": commit, **source}))
-    os.replace(tmp, path)
+    document = {"v": RECORD_SOURCE_VERSION, "commit": commit, **source}
+    write_atomic(record_source_path(store, node), json.dumps(document).encode("ascii"))
 
 
 def _source_of(store: Store, node: str, commit: str) -> dict[str, Any] | None:
     try:
         saved = json.loads(record_source_path(store, node).read_text())
+        if not of_version(saved, RECORD_SOURCE_VERSION):
+            return None
+        del saved["v"]
         return saved if saved.pop("commit") == commit else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

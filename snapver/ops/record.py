@@ -22,6 +22,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 from snapver.errors import RemotePathError
 from snapver.model import DistInfo, is_safe_relpath
 from snapver.ops.scope import tracked_filter
+from snapver.store.cache import digests_path
 from snapver.store.repo import Store
 from snapver.transport.base import Transport
 
@@ -290,7 +291,7 @@ class ContentDigests:
         self._lock = threading.Lock()
 
     def _file(self, algo: str) -> Path | None:
-        return self.store.path / "snapver" / f"digests-{algo}" if self.store is not None else None
+        return digests_path(self.store, algo) if self.store is not None else None
 
     def known(self, algo: str) -> dict[str, str]:
         """``{blob id: digest}`` learnt so far for ``algo`` (read from the store once)."""

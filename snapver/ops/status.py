@@ -17,13 +17,10 @@ unchanged fleet is compared without reading its files again. Nothing else is wri
 from __future__ import annotations
 
 import json
-import os
 import stat
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
@@ -36,6 +33,7 @@ from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, comp
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.store import refs
+from snapver.store.cache import RECORD_CHECK_VERSION, of_version, record_check_path, write_atomic
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, Transport
@@ -377,10 +375,6 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
         row.error = exc
 
 
-def _record_check_file(store: Store, node: str) -> Path:
-    return store.path / "snapver" / "record-check" / f"{node}.json"
-
-
 def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
     return {"snapshot": snapshot, "dists": [[d.name, d.version, d.dist_info] for d in dists],
             "paths": list(spec.paths), "exclude": list(spec.exclude)}
@@ -395,23 +389,20 @@ def load_record_check(store: Store, spec: NodeSpec, snapshot: str,
     same files under the same dist-info mean the same RECORD (``verify`` reads it afresh).
     """
     try:
-        data = json.loads(_record_check_file(store, spec.name).read_text())
-        if data.get("key") != _record_check_key(spec, snapshot, dists):
+        data = json.loads(record_check_path(store, spec.name).read_text())
+        if not of_version(data, RECORD_CHECK_VERSION) or data.get("key") != _record_check_key(spec, snapshot, dists):
             return None
         return [(str(path), str(status)) for path, status in data["differing"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # a cache: without it the RECORD is read
 
 
 def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
                       differing: list[tuple[str, str]]) -> None:
     """Keep what ``load_record_check`` reads (best effort, written whole then renamed)."""
-    path = _record_check_file(store, spec.name)
+    document = {"v": RECORD_CHECK_VERSION, "key": _record_check_key(spec, snapshot, dists), "differing": differing}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps({"key": _record_check_key(spec, snapshot, dists), "differing": differing}))
-        os.replace(tmp, path)
+        write_atomic(record_check_path(store, spec.name), json.dumps(document).encode("ascii"))
     except OSError:
         pass
 
