@@ -56,12 +56,11 @@ def snapshot_record(store: Store, transport: Transport, parent: str | None,
     """The node's RECORD rows for tracked paths, one ``algo hexdigest path`` line each,
     sorted; None when no installed distribution owns the tracked paths.
 
-    The node first says its RECORD files' sha256 (it hashes ~1 MB) when that can spare
+    The node first says its RECORD files' sha256 (cheap for the node) when that can spare
     reading them: rows another node of this pull sent from the same RECORDs (``made``, by
-    source: a fleet installed from one wheel moves one RECORD, not 16 x 682 kB), or the
+    source: a fleet installed from one wheel moves one RECORD, not one per node), or the
     rows of the ``parent`` snapshot, reused by id when made from the same RECORDs and
-    tracked paths (a hot-fix's pull neither moves nor parses the RECORD: ~50 ms of CPU
-    for sglang's). Rows made afresh are described by the sha256 of the bytes parsed, not
+    tracked paths (a hot-fix's pull neither moves nor parses the RECORD). Rows made afresh are described by the sha256 of the bytes parsed, not
     of an earlier answer: a RECORD rewritten in between (pip at work) is never taken for
     the one parsed.
     """

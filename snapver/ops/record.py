@@ -135,7 +135,7 @@ def importable_versions(transport: Transport, tops: list[str]) -> dict[str, str]
 
 def _installed(transport: Transport, dists: list[DistInfo]) -> tuple[list[DistInfo], list[DistInfo]]:
     """Split dist-infos into (installed, leftovers): of several with one name, the installed
-    one is the version the package itself states; when none says, all count (as before)."""
+    one is the version the package itself states; when none says, all count."""
     by_name: dict[str, list[DistInfo]] = {}
     for dist in dists:
         by_name.setdefault(re.sub(r"[-_.]+", "-", dist.name).lower(), []).append(dist)
@@ -183,10 +183,9 @@ def record_paths(info_dists: Sequence[DistInfo]) -> list[str]:
 class SharedRecords:
     """The RECORDs of one command's nodes, each content read from one node only.
 
-    A node first says its RECORDs' sha256 (cheap: the node hashes ~1 MB); a node whose
-    RECORDs another node already sent, or is sending, gets that parse. A fleet installed
-    from one wheel moves and parses one RECORD, not one per node (16 x 682 kB, all held
-    at once, was ~40 MB of the client's peak).
+    A node first says its RECORDs' sha256 (cheap for the node); a node whose RECORDs
+    another node already sent, or is sending, gets that parse. A fleet installed from one
+    wheel moves and parses one RECORD, not one per node, all held at once.
     """
 
     def __init__(self) -> None:
@@ -217,10 +216,10 @@ _parsed_lock = threading.Lock()
 
 def tracked_record(data: bytes, tracked: tuple[str, ...], exclude: tuple[str, ...]) -> dict[str, RecordEntry]:
     """A RECORD's rows for tracked paths. Parsed once per content: the nodes of a fleet
-    send the same RECORD (sglang 0.5.23's: 682 kB, 5,777 rows)."""
+    send the same RECORD."""
     key = (data, tuple(tracked), tuple(exclude))
     # Parsed under the lock: 16 nodes sending one RECORD at once would otherwise parse it
-    # 16 times over, at once (a 682 kB RECORD's parse holds ~MBs of rows while it runs).
+    # 16 times over, at once (each parse holds all its rows while it runs).
     with _parsed_lock:
         found = _parsed.get(key)
         if found is None:

@@ -33,8 +33,8 @@ from snapver.store.team import moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
 
-# Round trips slower than this suggest a far, slower link: compress the stream there.
-# (Python zlib runs at ~30 MB/s on small cores, so on fast links it costs more than it saves.)
+# Round trips slower than this suggest a far, slower link: compress the stream there
+# (on fast links zlib costs more CPU time than it saves on the wire).
 COMPRESS_RTT_SECONDS = 0.030
 
 ProgressFn = Callable[[int, int], None]  # (files, bytes) just received
@@ -125,7 +125,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
 
     def close_connections() -> None:
         """Close our connections (once each). In parallel: a close may wait for its agent to
-        exit (a local one, or one still busy after an error); 16 such waits in a row were 0.26 s."""
+        exit (a local one, or one still busy after an error)."""
         owned = [r for r in results if r.transport is not None and r.node not in borrowed and r.node not in closed]
         closed.update(r.node for r in owned)
         list(pool.map(lambda r: r.transport.close(), owned))
@@ -285,8 +285,7 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         else:
             # Against stat keys, an unchanged tree (the usual re-pull) needs neither the last
             # snapshot's manifest nor the cache's rows: read them only if something changed
-            # (torch's 12,016 files: ~55 ms of client CPU, which the node's listing shares
-            # when both run on one machine).
+            # (client CPU the node's listing shares when both run on one machine).
             result.listing = listing()
             if not result.listing.rows_omitted:
                 _read_parent(store, result)
@@ -407,8 +406,7 @@ def _compress_level(transport: Transport) -> int:
 def _far(transport: Transport, tries: int = 2) -> bool:
     """Each of ``tries`` round trips slower than COMPRESS_RTT_SECONDS. One slow answer may
     be a busy moment, not a far link: a fleet's first node is asked while the others start
-    up on the same client; 1 in 3 such pulls of 16 loopback nodes got 31-40 ms and
-    compressed (~0.15 s more client CPU, and the node's). A far link pays one more round trip."""
+    up on the same client. A far link pays one more round trip."""
     return all(transport.ping() > COMPRESS_RTT_SECONDS for _ in range(tries))
 
 
