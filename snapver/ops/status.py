@@ -27,6 +27,8 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.log import tags_by_commit
+from snapver.ops.plan import newest_record
+from snapver.ops.ps import processes_of
 from snapver.ops.live import request_live
 from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
                                 record_paths)
@@ -303,8 +305,6 @@ def _nothing_known_good(why: str) -> str:
 def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus) -> None:
     """How many of the node's processes run code older than its tree (the restart column);
     a node whose processes cannot be listed says why and keeps its status."""
-    from snapver.ops.ps import processes_of
-
     try:
         found = processes_of(transport, spec)
     except SnapverError as exc:
@@ -469,8 +469,6 @@ def known_patches(store: Store, view: TeamView | None = None) -> list[KnownPatch
 
 def last_push(store: Store, node: str) -> dict[str, Any] | None:
     """The node's newest push record (patch, action, state, ``interrupted``), or None."""
-    from snapver.ops.plan import newest_record
-
     state = newest_record(store, node)
     return None if state is None else state.to_json()
 
