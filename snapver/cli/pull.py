@@ -54,7 +54,8 @@ def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message
           starting: "Starting") -> int:
     """The pull itself, while ``starting`` connects to ``specs``."""
     from snapver.errors import RefError
-    from snapver.ops.pull import NodePull, pull as pull_nodes
+    from snapver.ops.pull import pull as pull_nodes
+    from snapver.ops.snapshot import NodePull
     from snapver.store.refs import tag_ref
 
     store = STATE.store(config, create=True)
@@ -117,7 +118,7 @@ def bar_names(specs: "list[object]", most: int = 3) -> str:
 
 def summary_line(result: "object") -> str:
     """One line per node: files, changed, bytes transferred, seconds — or the error."""
-    from snapver.ops.pull import NodePull
+    from snapver.ops.snapshot import NodePull
 
     assert isinstance(result, NodePull)
     name = escape(result.node)

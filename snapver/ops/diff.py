@@ -12,76 +12,28 @@ with ``git apply`` and ``patch -p1`` inside site-packages.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from snapver.config import Config
-from snapver.errors import SnapverError, UsageError
+from snapver.errors import UsageError
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
-                           compare_manifests, is_safe_relpath, quote_path)
-from snapver.ops.pull import list_live
-from snapver.ops.scope import LeftOut, Scope, commit_scope, node_scope, owner_scope, unrecorded_note, within_both
-from snapver.refs import Resolver, TreeRef, tracked_paths
+                           compare_manifests, quote_path)
+from snapver.ops.scope import LeftOut, unrecorded_note, within_both
+from snapver.ops.trees import (Side, load_sides, match_operand, normalize_paths, read_contents, select_paths, side_scope,
+                               tracked_roots)
+from snapver.refs import Resolver, TreeRef
 from snapver.unidiff import split_lines
-from snapver.store.repo import Commit, Store
-from snapver.transport.base import Listing, Transport
-from snapver.transport.connect import Starting, open_transport
+from snapver.store.repo import Store
+from snapver.transport.connect import Starting
 
 NULL_OID = "0" * 40
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
 # A file above this is shown as binary without being read (git's core.bigFileThreshold
 # rule, at a size that keeps a diff of two versions within ~100 MiB of memory).
 DIFF_WHOLE_MAX = 16 << 20
-
-
-@dataclass
-class Side:
-    """One tree of a diff: what the ref named, and the tree as a manifest."""
-
-    ref: TreeRef
-    manifest: Manifest
-    node: str | None = None
-    commit: Commit | None = None
-    transport: Transport | None = field(default=None, repr=False)
-    scope: Scope | None = None  # the paths and exclude this tree was read with
-
-    @property
-    def observed_by(self) -> str:
-        """How a note names the side whose scope left a file out: ``when A (1a2b3c4d5e) was taken``."""
-        return f"by {self.label}" if self.ref.folder is not None or self.ref.is_live else f"when {self.label} was taken"
-
-    @property
-    def kind(self) -> str:
-        if self.ref.folder is not None:
-            return "folder"
-        if self.ref.is_live:
-            return "live"
-        return str(self.commit.meta.get("kind", "snapshot")) if self.commit else "snapshot"
-
-    @property
-    def label(self) -> str:
-        """How messages name this side: ``ct200 (live)``, ``./dir (folder)`` or ``v1 (1a2b3c4d5e)``."""
-        if self.ref.folder is not None:
-            return f"{self.ref.text} (folder)"
-        if self.ref.is_live:
-            return f"{self.node} (live)"
-        assert self.commit is not None
-        return f"{self.ref.text} ({self.commit.short})"
-
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {"ref": self.ref.text, "kind": self.kind, "node": self.node,
-                                    "files": len(self.manifest)}
-        if self.commit is not None:
-            document.update(commit=self.commit.id, time=self.commit.time.astimezone().isoformat())
-        if self.ref.folder is not None:
-            document.update(self.ref.folder.to_json())
-        if self.scope is not None:
-            document["scope"] = self.scope.to_json()
-        return document
 
 
 @dataclass(frozen=True)
@@ -183,7 +135,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         ref_b = resolver.tree(b)
     sides: list[Side] = []
     try:
-        sides = _load_sides(store, config, [ref_a, ref_b], checksum, starting)
+        sides = load_sides(store, config, [ref_a, ref_b], checksum, starting)
         side_a, side_b = sides
         _scope_to_folders(side_a, side_b)
         left_out, notes = _within_both_scopes(store, config, side_a, side_b)
@@ -191,7 +143,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         matched: dict[str, list[str]] = {}
         same: list[str] = []
         if filters:
-            roots = _tracked_roots(config, side_a, side_b)
+            roots = tracked_roots(config, side_a, side_b)
             present = set(side_a.manifest.entries) | set(side_b.manifest.entries)
             matched = select_paths(filters, present, roots, f"{side_a.label} or {side_b.label}")
             chosen = {path for found in matched.values() for path in found}
@@ -235,39 +187,6 @@ def _one_argument(store: Store | None, config: Config, resolver: Resolver,
     return ref, TreeRef(f"{node}@live", live_node=node)
 
 
-def _load_sides(store: Store | None, config: Config, trees: list[TreeRef], checksum: bool = False,
-                starting: Starting | None = None) -> list[Side]:
-    """Both sides' manifests, loaded in parallel: a live node hashes its files while the
-    store is read (or while the other node hashes its own)."""
-    sides = [Side(tree, Manifest()) for tree in trees]
-
-    def load(side: Side) -> SnapverError | None:
-        try:
-            if side.ref.is_live:
-                side.node = side.ref.live_node
-                begun = starting.take(side.node) if starting is not None and side.node else None
-                side.transport = begun or open_live(config, side.ref).start()
-                # A folder has no stat cache in the store: it is hashed in full.
-                side.manifest = live_manifest(list_live(store if side.node else None, side.transport, checksum))
-            else:
-                assert store is not None and side.ref.commit is not None
-                side.commit = store.commit(side.ref.commit)
-                side.node = side.commit.meta.get("node")
-                side.manifest = store.manifest(side.ref.commit)
-        except SnapverError as exc:
-            return exc
-        return None
-
-    with ThreadPoolExecutor(len(sides)) as pool:
-        errors = [error for error in pool.map(load, sides) if error is not None]
-    if errors:
-        for side in sides:
-            if side.transport is not None:
-                side.transport.close()
-        raise errors[0]
-    return sides
-
-
 def _scope_to_folders(*sides: Side) -> None:
     """A folder stands for some tracked paths only (a copy of srt): the other side's files
     outside them are left out, not reported as missing from the folder."""
@@ -277,18 +196,6 @@ def _scope_to_folders(*sides: Side) -> None:
             if any(not path.startswith(inside) for path in side.manifest.entries):
                 side.manifest = Manifest({path: entry for path, entry in side.manifest.entries.items()
                                           if path.startswith(inside)})
-
-
-def side_scope(store: Store | None, config: Config, side: Side) -> Scope:
-    """The scope a side was read with: a live node's config, a folder's tracked paths, or
-    what a snapshot records (the config's, marked assumed, for one that records none)."""
-    if side.ref.folder is not None:
-        return Scope(side.ref.folder.tracked, side.ref.folder.exclude)
-    if side.ref.is_live:
-        assert side.node is not None
-        return node_scope(config.node(side.node))
-    assert store is not None and side.commit is not None
-    return commit_scope(store, side.commit, owner_scope(config, side.commit))
 
 
 def _within_both_scopes(store: Store | None, config: Config, a: Side, b: Side) -> tuple[list[LeftOut], list[str]]:
@@ -309,134 +216,6 @@ def _selected(left_out: list[LeftOut], filters: Sequence[str], roots: Sequence[s
         if paths:
             kept.append(LeftOut(out.side, paths, out.why))
     return kept
-
-
-def open_live(config: Config, ref: TreeRef) -> Transport:
-    """The (unstarted) transport of a live tree: a configured node, or a folder given as a ref."""
-    if ref.folder is not None:
-        from snapver.transport.local import FolderTransport
-
-        return FolderTransport(ref.folder.spec(), ref.folder.roots)
-    assert ref.live_node is not None
-    return open_transport(config.node(ref.live_node))
-
-
-def live_manifest(listing: Listing) -> Manifest:
-    """A node's listing as a manifest keyed by git blob id (``digest`` is not known live)."""
-    return Manifest.of(Entry(e.path, e.kind, e.mode, e.size, "", e.oid) for e in listing.entries)
-
-
-def read_contents(store: Store | None, side: Side, entries: Iterable[Entry]) -> dict[str, bytes]:
-    """``{path: content}`` of ``entries`` from the side's node (one stream) or the store."""
-    wanted = list(entries)
-    if not wanted:
-        return {}
-    if side.transport is not None:
-        return {path: data for path, kind, data in side.transport.read_files([e.path for e in wanted])
-                if kind is not None}
-    assert store is not None
-    blobs = dict(store.read_blobs(e.oid for e in wanted))
-    return {e.path: blobs[e.oid] for e in wanted}
-
-
-# -- path filters ------------------------------------------------------------------------------
-
-def normalize_paths(paths: Sequence[str]) -> list[str]:
-    """Clean path filters (relative to site-packages); refuse absolute paths and ``..``."""
-    cleaned = []
-    for raw in paths:
-        path = raw.strip()
-        while path.startswith("./"):
-            path = path[2:]
-        path = path.rstrip("/")
-        if not path or not is_safe_relpath(path):
-            raise UsageError(f"bad path {raw!r}: paths are relative to site-packages, without '..'",
-                             hint="e.g. sglang/srt/speculative")
-        cleaned.append(path)
-    return cleaned
-
-
-def path_matches(path: str, filters: Sequence[str]) -> bool:
-    """True when ``path`` is a filter, lies inside one, or matches one as a glob."""
-    for pattern in filters:
-        if path == pattern or path.startswith(pattern + "/"):
-            return True
-        if any(ch in pattern for ch in "*?[") and fnmatch.fnmatchcase(path, pattern):
-            return True
-    return False
-
-
-def _tracked_roots(config: Config, *sides: Side) -> list[str]:
-    """The tracked paths a path operand may be relative to: the config's, each side's."""
-    roots = dict.fromkeys(tracked_paths(config))
-    for side in sides:
-        if side.ref.folder is not None:
-            roots.update(dict.fromkeys(side.ref.folder.tracked))
-        elif side.commit is not None:
-            roots.update(dict.fromkeys(side.commit.meta.get("paths") or ()))
-    return list(roots)
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(ch in pattern for ch in "*?[")
-
-
-def _basename(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
-
-
-def match_operand(operand: str, paths: Iterable[str], roots: Sequence[str]) -> list[str]:
-    """The files one path operand names, the first of these rules that matches any:
-
-    1. a file or folder relative to site-packages (``sglang/srt/speculative``);
-    2. one relative to a tracked path (``speculative/dflash_worker.py``);
-    3. a glob (on the path from site-packages, from a tracked path, or on the file name
-       when it has no ``/``) or a file name (``dflash_worker.py``: every file so called).
-    """
-    listed = list(paths)
-    found = [path for path in listed if path_matches(path, [operand])]
-    if not found:
-        under = [f"{root}/{operand}" for root in roots]
-        found = [path for path in listed if path_matches(path, under)]
-    if not found and _is_glob(operand):
-        def glob_hit(path: str) -> bool:
-            if fnmatch.fnmatchcase(path, operand):
-                return True
-            if "/" not in operand and fnmatch.fnmatchcase(_basename(path), operand):
-                return True
-            return any(path.startswith(root + "/") and fnmatch.fnmatchcase(path[len(root) + 1:], operand)
-                       for root in roots)
-
-        found = [path for path in listed if glob_hit(path)]
-    if not found and "/" not in operand and not _is_glob(operand):
-        found = [path for path in listed if _basename(path) == operand]
-    return sorted(found, key=os.fsencode)
-
-
-def select_paths(operands: Sequence[str], paths: Iterable[str], roots: Sequence[str],
-                 where: str = "either tree") -> dict[str, list[str]]:
-    """``{operand: the files it names}`` (see ``match_operand``); an operand naming none is a
-    UsageError (exit 2) that offers the files whose names are closest to it."""
-    listed = sorted(set(paths), key=os.fsencode)
-    matched = {}
-    for operand in operands:
-        found = match_operand(operand, listed, roots)
-        if not found:
-            raise UsageError(f"path {operand!r} matches no file in {where}", hint=_closest(operand, listed, roots))
-        matched[operand] = found
-    return matched
-
-
-def _closest(operand: str, paths: list[str], roots: Sequence[str]) -> str:
-    """A did-you-mean by file-name similarity (``dflash_worker_v2.py`` for ``dflash_worker.py``)."""
-    by_name: dict[str, list[str]] = {}
-    for path in paths:
-        by_name.setdefault(_basename(path), []).append(path)
-    near = difflib.get_close_matches(_basename(operand), list(by_name), n=3, cutoff=0.6)
-    shown = [path for name in near for path in by_name[name]][:5]
-    where = f"site-packages or to {', '.join(roots)}" if roots else "site-packages"
-    rules = f"a path is relative to {where}, a file name, or a glob"
-    return f"did you mean {' or '.join(shown)}? ({rules})" if shown else rules
 
 
 # -- unified diff text ---------------------------------------------------------------------------
@@ -557,6 +336,5 @@ def _enc(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-__all__ = ["ADDED", "DELETED", "FILE", "MODIFIED", "TYPE_CHANGED", "DiffResult", "FileDiff", "Side", "diff",
-           "file_diff", "live_manifest", "match_operand", "normalize_paths", "open_live", "path_matches",
-           "select_paths", "split_lines", "unified_hunks"]
+__all__ = ["ADDED", "DELETED", "FILE", "MODIFIED", "TYPE_CHANGED", "DiffResult", "FileDiff", "diff", "file_diff",
+           "split_lines", "unified_hunks"]

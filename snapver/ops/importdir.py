@@ -28,7 +28,7 @@ import blake3
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, RemotePathError, UsageError
 from snapver.model import Entry, Manifest, StatEntry
-from snapver.ops.pull import count_changes
+from snapver.ops.snapshot import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs

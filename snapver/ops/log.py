@@ -9,6 +9,7 @@ from datetime import datetime
 from snapver.config import Config
 from snapver.errors import RefError, UsageError
 from snapver.model import MANIFEST_PATH, SPECIAL, Entry, Manifest
+from snapver.ops.diff import diff
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
@@ -138,8 +139,6 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
     info = describe(commit, tags_by_commit(store), push_events(store))
     manifest = store.manifest(commit_id)
     if path is None:
-        from snapver.ops.diff import diff
-
         parent = commit.parents[0] if commit.parents else None
         if commit.meta.get("kind") == "patch" and isinstance(commit.meta.get("base"), str):
             parent = commit.meta["base"]  # a patch shows what it changes (its first parent may be its last version)

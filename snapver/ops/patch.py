@@ -26,6 +26,7 @@ from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
 from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.ops.broken import BrokenFile, broken_files
+from snapver.ops.live import list_live
 from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
@@ -471,7 +472,6 @@ def import_patch(store: Store, config: Config, name: str, data: bytes, source: s
 def capture_patch(store: Store, config: Config, name: str, node: str, base_ref: str,
                   nodes: Iterable[str] = (), message: str = "") -> Patch | None:
     """Turn a node's live drift from the base into a patch; None when there is none."""
-    from snapver.ops.pull import list_live
     from snapver.transport.connect import open_transport
 
     check_new_name(store, config, name)

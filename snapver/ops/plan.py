@@ -37,6 +37,7 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, ConflictError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
+from snapver.ops.snapshot import pull_locked
 from snapver.store import refs
 from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
 from snapver.store.team import TeamView, commit_moment, moment_ns, writer_of
@@ -645,8 +646,6 @@ def _snapshot(store: Store, plans: list[NodePlan],
               event: dict[str, str] | None = None) -> dict[str, str | SnapverError]:
     """Snapshot the plans' nodes, over the connections they already have open (``event``:
     what made the snapshots, see ``pull_locked``)."""
-    from snapver.ops.pull import pull_locked
-
     found: dict[str, str | SnapverError] = {}
     opened = {p.node: p.transport for p in plans if p.transport is not None}
     # The content the plans write: its digests are known, no need to read it back.

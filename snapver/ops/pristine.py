@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from snapver.errors import SnapverError
 from snapver.model import Entry, is_git_id
+from snapver.ops.record import tracked_record
+from snapver.store.cache import RECORD_SOURCE_VERSION, of_version, record_source_path, write_atomic
 from snapver.store.repo import Store
 from snapver.transport.base import Transport
 
@@ -34,23 +34,18 @@ class SnapshotRecord:
     oid: str | None = None
 
 
-def record_source_path(store: Store, node: str) -> Path:
-    """What the RECORD rows of the node's last snapshot were made from (``save_record_source``)."""
-    return store.path / "snapver" / "stat-cache" / f"{node}.record"
-
-
 def save_record_source(store: Store, node: str, commit: str, source: dict[str, Any]) -> None:
     """Keep what snapshot ``commit``'s RECORD rows were made from, for the node's next pull."""
-    path = record_source_path(store, node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".record-tmp")
-    tmp.write_text(json.dumps({"commit": commit, **source}))
-    os.replace(tmp, path)
+    document = {"v": RECORD_SOURCE_VERSION, "commit": commit, **source}
+    write_atomic(record_source_path(store, node), json.dumps(document).encode("ascii"))
 
 
 def _source_of(store: Store, node: str, commit: str) -> dict[str, Any] | None:
     try:
         saved = json.loads(record_source_path(store, node).read_text())
+        if not of_version(saved, RECORD_SOURCE_VERSION):
+            return None
+        del saved["v"]
         return saved if saved.pop("commit") == commit else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -61,12 +56,11 @@ def snapshot_record(store: Store, transport: Transport, parent: str | None,
     """The node's RECORD rows for tracked paths, one ``algo hexdigest path`` line each,
     sorted; None when no installed distribution owns the tracked paths.
 
-    The node first says its RECORD files' sha256 (it hashes ~1 MB) when that can spare
+    The node first says its RECORD files' sha256 (cheap for the node) when that can spare
     reading them: rows another node of this pull sent from the same RECORDs (``made``, by
-    source: a fleet installed from one wheel moves one RECORD, not 16 x 682 kB), or the
+    source: a fleet installed from one wheel moves one RECORD, not one per node), or the
     rows of the ``parent`` snapshot, reused by id when made from the same RECORDs and
-    tracked paths (a hot-fix's pull neither moves nor parses the RECORD: ~50 ms of CPU
-    for sglang's). Rows made afresh are described by the sha256 of the bytes parsed, not
+    tracked paths (a hot-fix's pull neither moves nor parses the RECORD). Rows made afresh are described by the sha256 of the bytes parsed, not
     of an earlier answer: a RECORD rewritten in between (pip at work) is never taken for
     the one parsed.
     """
@@ -110,8 +104,6 @@ def _key(source: dict[str, Any]) -> str:
 
 
 def _read_record(transport: Transport, paths: list[str], tracked: dict[str, Any]) -> SnapshotRecord | None:
-    from snapver.ops.verify import tracked_record
-
     spec = transport.spec
     rows: dict[str, Any] = {}
     digests = {}

@@ -23,6 +23,7 @@ from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
                               PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.ops.rollback import apply_rollback, plan_rollback
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
@@ -347,8 +348,6 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
     written; recorded; restarted by the hooks). A node that cannot be rolled back gets a
     failed run saying why; one already restored needs nothing and gets a ``done`` run with
     no record."""
-    from snapver.ops.rollback import apply_rollback, plan_rollback
-
     undone = []
     finished = {node for wave in result.waves[:result.finished] for node in wave}
     for run in result.nodes:

@@ -17,6 +17,7 @@ from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.plan import MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, \
     first_of, last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.live import list_live
 from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
@@ -84,7 +85,6 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     wrote, each only while it still holds what the push wrote, unless ``force``); with
     ``to``, what makes the node exactly that snapshot, over the paths both it and the
     node's config observe (see ``_outside_both_scopes``)."""
-    from snapver.ops.pull import list_live
 
     spec = config.node(node)
     notes: list[str] = []

@@ -17,25 +17,25 @@ unchanged fleet is compared without reading its files again. Nothing else is wri
 from __future__ import annotations
 
 import json
-import os
 import stat
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
-from snapver.ops.diff import live_manifest
 from snapver.ops.log import tags_by_commit
-from snapver.ops.pull import request_live
-from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
-from snapver.ops.verify import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
+from snapver.ops.plan import newest_record
+from snapver.ops.ps import processes_of
+from snapver.ops.live import request_live
+from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
                                 record_paths)
+from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
+from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.store import refs
+from snapver.store.cache import RECORD_CHECK_VERSION, of_version, record_check_path, write_atomic
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, Transport
@@ -305,8 +305,6 @@ def _nothing_known_good(why: str) -> str:
 def _count_restarts(transport: Transport, spec: NodeSpec, row: NodeStatus, store: Store | None) -> None:
     """How many of the node's processes run code older than its tree (the restart column);
     a node whose processes cannot be listed says why and keeps its status."""
-    from snapver.ops.ps import processes_of
-
     try:
         found = processes_of(transport, spec, store)
     except SnapverError as exc:
@@ -377,10 +375,6 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
         row.error = exc
 
 
-def _record_check_file(store: Store, node: str) -> Path:
-    return store.path / "snapver" / "record-check" / f"{node}.json"
-
-
 def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
     return {"snapshot": snapshot, "dists": [[d.name, d.version, d.dist_info] for d in dists],
             "paths": list(spec.paths), "exclude": list(spec.exclude)}
@@ -395,23 +389,20 @@ def load_record_check(store: Store, spec: NodeSpec, snapshot: str,
     same files under the same dist-info mean the same RECORD (``verify`` reads it afresh).
     """
     try:
-        data = json.loads(_record_check_file(store, spec.name).read_text())
-        if data.get("key") != _record_check_key(spec, snapshot, dists):
+        data = json.loads(record_check_path(store, spec.name).read_text())
+        if not of_version(data, RECORD_CHECK_VERSION) or data.get("key") != _record_check_key(spec, snapshot, dists):
             return None
         return [(str(path), str(status)) for path, status in data["differing"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # a cache: without it the RECORD is read
 
 
 def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
                       differing: list[tuple[str, str]]) -> None:
     """Keep what ``load_record_check`` reads (best effort, written whole then renamed)."""
-    path = _record_check_file(store, spec.name)
+    document = {"v": RECORD_CHECK_VERSION, "key": _record_check_key(spec, snapshot, dists), "differing": differing}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps({"key": _record_check_key(spec, snapshot, dists), "differing": differing}))
-        os.replace(tmp, path)
+        write_atomic(record_check_path(store, spec.name), json.dumps(document).encode("ascii"))
     except OSError:
         pass
 
@@ -423,7 +414,6 @@ def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPat
 
 def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:
     """The tree ``--against REF`` names (resolved as `diff` resolves its operands)."""
-    from snapver.ops.diff import _load_sides
     from snapver.refs import Resolver
 
     if config is None:
@@ -432,8 +422,8 @@ def known_good_of(store: Store | None, config: Config | None, text: str) -> Know
     if tree.live_node is not None:  # a folder is a live tree too, and a fine known-good copy
         raise UsageError(f"--against {text}: a live node is not known-good code",
                          hint=f"name a snapshot, a tag or a folder, e.g. {tree.live_node}@latest")
-    # diff's loader: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.
-    side = _load_sides(store, config, [tree])[0]
+    # As diff loads its sides: whatever tree a ref can name (a snapshot, a patch, a folder) loads here too.
+    side = load_sides(store, config, [tree])[0]
     if side.transport is not None:
         side.transport.close()
     return KnownGood("ref", text, side.commit.id if side.commit else None, side.manifest)
@@ -479,8 +469,6 @@ def known_patches(store: Store, view: TeamView | None = None) -> list[KnownPatch
 
 def last_push(store: Store, node: str) -> dict[str, Any] | None:
     """The node's newest push record (patch, action, state, ``interrupted``), or None."""
-    from snapver.ops.plan import newest_record
-
     state = newest_record(store, node)
     return None if state is None else state.to_json()
 
@@ -580,8 +568,6 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
     the legend says what each is: pristine (as known-good), a patch, a hot-fix (neither),
     or only its blob id where nothing is known-good for the nodes that hold it.
     """
-    from snapver.ops.diff import normalize_paths, path_matches
-
     filters = normalize_paths(paths)
     rows_read = [n for n in result.nodes if n.live is not None]
     every = sorted({path for n in rows_read for path in n.live.entries})  # type: ignore[union-attr]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from snapver.ops.pull import COMPRESS_RTT_SECONDS, _compress_level
+from snapver.ops.snapshot import COMPRESS_RTT_SECONDS, _compress_level
 
 SLOW, FAST = COMPRESS_RTT_SECONDS * 1.5, COMPRESS_RTT_SECONDS / 10
 

@@ -18,8 +18,8 @@ from helpers import toml_dumps
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
-from snapver.ops.pull import (list_live, parse_stat_keys, read_stat_keys_file, records_digest, stat_cache_path,
-                               stat_keys_path, stat_keys_text)
+from snapver.ops.live import list_live, parse_stat_keys, read_stat_keys_file, records_digest, stat_keys_text
+from snapver.store.cache import stat_cache_path, stat_keys_path
 from snapver.store.repo import Store
 from snapver.transport.connect import open_transport
 

@@ -8,7 +8,8 @@ import posixpath
 
 import pytest
 
-from snapver.ops.verify import is_tracked, tracked_record
+from snapver.ops.record import tracked_record
+from snapver.ops.scope import is_tracked
 
 ROWS = """\
 sglang/srt/a.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0

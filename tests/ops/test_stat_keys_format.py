@@ -8,7 +8,7 @@ import json
 import pytest
 
 from snapver.model import StatEntry
-from snapver.ops.pull import _entries_records, parse_stat_keys, records_text, stat_keys_text
+from snapver.ops.live import _entries_records, parse_stat_keys, records_text, stat_keys_text
 
 KEYS = [("sglang/srt/a b.py", 1, 2, 3, 4, 33188), ("sglang/srt/new\nline.py", 0, -5, 7, 8, 33261),
         ("sglang/srt/caf\udce9.py", 10**12, 1733000000123456789, 1733000000123456790, 2**40, 33188),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from snapver.ops.pull import records_digest, records_text
+from snapver.ops.live import records_digest, records_text
 from snapver.store.repo import blob_oid
 from snapver.transport import agent
 
