@@ -294,7 +294,7 @@ def test_silent_partition_mid_pull(fleet, sshd, snapver_process, run_snapver, st
         result = snapver_process("pull", "ct200", timeout=60)
     finally:
         proxy.close()
-    assert proxy.cut.is_set()
+    assert proxy.cut.is_set(), f"the pull ended before the cut: {result}"
     assert result.code == 3, str(result)
     assert time.monotonic() - began < 20
     assert "ct200" in result.err and "Traceback" not in result.err
