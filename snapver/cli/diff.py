@@ -7,8 +7,9 @@ from typing import Any, List, Optional
 
 import typer
 
-from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
+from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
 from snapver.cli.render import console, emit_json, escape, outcome, show_path
+from snapver.cli.state import STATE
 
 
 

@@ -6,8 +6,9 @@ from typing import Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape
+from snapver.cli.state import STATE
 
 
 @app.command("import")

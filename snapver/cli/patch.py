@@ -8,8 +8,9 @@ from typing import List, Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
+from snapver.cli.state import STATE
 
 patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
                         context_settings={"help_option_names": ["-h", "--help"]})

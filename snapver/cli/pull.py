@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, human_bytes
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.config import Config, NodeSpec

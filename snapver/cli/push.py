@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 
 from snapver import interrupt
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan, NodeRun

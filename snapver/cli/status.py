@@ -9,8 +9,9 @@ from typing import Any, List, Optional
 import typer
 
 
-from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
+from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
+from snapver.cli.state import STATE
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
 MATRIX_BLOCK = 8

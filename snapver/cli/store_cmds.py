@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import (HeldOutput, console, emit_json, escape, fields_line, human_bytes, outcome,
                                  print_table, show_list, show_path)
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.model import Entry

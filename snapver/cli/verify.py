@@ -7,8 +7,9 @@ from typing import List
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
+from snapver.cli.state import STATE
 
 
 @app.command()
