@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 # them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "init": "show", "nodes": "show", "pull": "pull", "log": "show", "show": "show",
+    "init": "init", "nodes": "nodes", "pull": "pull", "log": "log", "show": "show",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
-    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "show",
+    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "fsck",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "state", "render", "options", "completion"}

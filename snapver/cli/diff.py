@@ -74,7 +74,7 @@ def diff(
     elif name_status:
         _name_status(result)
     elif stat:
-        _stat(result)
+        print_stat(result)
     else:
         _unified(result)
     if same and not (json_out or quiet):
@@ -135,7 +135,8 @@ def _name_status(result: Any) -> None:
     out.flush()
 
 
-def _stat(result: Any) -> None:
+def print_stat(result: Any) -> None:
+    """The diffstat of a diff result (`diff --stat`, and what `show` says a snapshot changed)."""
     files = result.files or []
     if not files:
         return
