@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 import typer
 
 from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, outcome, show_path
 from snapver.cli.state import STATE
 
@@ -28,7 +29,7 @@ def diff(
     stat: bool = typer.Option(False, "--stat", help="A diffstat."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
     unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
     same: bool = typer.Option(False, "-s", "--report-identical-files",

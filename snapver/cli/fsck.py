@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import typer
-
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape
 from snapver.cli.state import STATE
 
 
 @app.command()
-def fsck(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+def fsck(json_out: JsonOpt = False) -> int:
     """Verify the store: every object, every manifest hash.
 
     Examples:

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape
 from snapver.cli.state import STATE
 
@@ -19,7 +20,7 @@ def init(
     writer: Optional[str] = typer.Option(None, "--writer", metavar="NAME",
                                          help="This store's writer id for `snapver sync` (default: user@host); "
                                               "on an existing store, changes it."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Create `.snapver` (from the example) and an empty store here; it names no node unless --local.
 

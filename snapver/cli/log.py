@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
 from snapver.cli.state import STATE
 
@@ -18,7 +19,7 @@ def log(
     since: Optional[str] = typer.Option(None, "--since", metavar="DATE",
                                         help="Only snapshots taken on or after DATE (2026-05-22, may22, ISO time)."),
     oneline: bool = typer.Option(False, "--oneline", help="One short line per snapshot: id, date, node, event."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Snapshots, newest first: id, date, node, what made it, files changed, tags, version.
 

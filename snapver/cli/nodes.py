@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, outcome, print_table, show_path
 from snapver.cli.state import STATE
 
@@ -12,7 +13,7 @@ from snapver.cli.state import STATE
 @app.command()
 def nodes(
     check: bool = typer.Option(False, "--check", help="Connect and report python, site-packages, version."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """List nodes and groups; --check connects to each.
 

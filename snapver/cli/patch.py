@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
 from snapver.cli.state import STATE
 
@@ -159,7 +160,7 @@ def capture(
 
 
 @patch_app.command("list")
-def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+def list_(json_out: JsonOpt = False) -> int:
     """List patches: name, files, base, target nodes, date, message.
 
     Examples:
@@ -189,7 +190,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
 def show(
     name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     all_history: bool = typer.Option(False, "--history", help="List every version of the patch, with dates."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """A patch's base, targets, message, history and files.
 

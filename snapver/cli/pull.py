@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
 from snapver.cli.render import console, emit_json, escape, human_bytes
 from snapver.cli.state import STATE
 
@@ -17,12 +18,11 @@ if TYPE_CHECKING:
 
 @app.command()
 def pull(
-    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
-                                        help="Nodes or groups to snapshot."),
-    all_nodes: bool = typer.Option(False, "--all", help="Every node in the config."),
+    targets: Annotated[Optional[List[str]], node_args("Nodes or groups to snapshot.")] = None,
+    all_nodes: AllNodesOpt = False,
     tag: Optional[str] = typer.Option(None, "--tag", help="Tag the new snapshot (one node)."),
-    message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    message: NoteOpt = "",
+    json_out: JsonOpt = False,
 ) -> int:
     """Snapshot live nodes; only changed content crosses the wire.
 

@@ -200,11 +200,11 @@ def test_everyday_commands_import_one_command_module_and_no_rich(
 
     result, modules = run_recording("log", cwd=isolated_env)  # no store yet: an error, still no rich
     assert result.code == 4 and result.err.startswith("snapver: error: no snapver store"), result
-    assert cli_modules(modules) == {"app", "state", "render", "log"} and not rich_modules(modules)
+    assert cli_modules(modules) == {"app", "state", "options", "render", "log"} and not rich_modules(modules)
 
     result, modules = run_recording("pull", cwd=isolated_env)
     assert result.code == 0 and result.out.startswith("laptop: snapshot "), result
-    assert cli_modules(modules) == {"app", "state", "render", "pull"} and not rich_modules(modules)
+    assert cli_modules(modules) == {"app", "state", "options", "render", "pull"} and not rich_modules(modules)
     assert "tomllib" in modules and "sysconfig" not in modules  # a config file: not the embedded default
 
     (site / SRT / "a.py").write_text("a = 2\n")
@@ -212,7 +212,7 @@ def test_everyday_commands_import_one_command_module_and_no_rich(
                                (["log"], 0, "log")):
         result, modules = run_recording(*args, cwd=isolated_env)
         assert result.code == code, result
-        assert cli_modules(modules) == {"app", "state", "render", module} and not rich_modules(modules), args
+        assert cli_modules(modules) == {"app", "state", "options", "render", module} and not rich_modules(modules), args
     assert result.out.count("\n") == 1 and "\x1b" not in result.out, result
 
     # Where rich would colour all the same (FORCE_COLOR), rich prints: the id is bold.
@@ -300,7 +300,8 @@ def test_help_is_the_same_whatever_is_loaded(tmp_path: Path) -> None:
                     "verify", "patch"):
         assert f" {command} " in listed, command
     # The lazy run: `pull --help` loaded only pull; `log --help` added only log.
-    assert loaded[0] == ["snapver.cli.app", "snapver.cli.pull", "snapver.cli.render", "snapver.cli.state"], loaded[0]
+    assert loaded[0] == ["snapver.cli.app", "snapver.cli.options", "snapver.cli.pull", "snapver.cli.render",
+                         "snapver.cli.state"], loaded[0]
     assert set(loaded[1]) - set(loaded[0]) == {"snapver.cli.log"}, loaded[1]
 
 
