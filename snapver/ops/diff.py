@@ -21,11 +21,12 @@ from typing import Any, Iterable, Sequence
 
 from snapver.config import Config
 from snapver.errors import SnapverError, UsageError
+from snapver.folders import tracked_paths
 from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
                            compare_manifests, is_safe_relpath, quote_path)
 from snapver.ops.pull import list_live
 from snapver.ops.scope import LeftOut, Scope, commit_scope, node_scope, owner_scope, unrecorded_note, within_both
-from snapver.refs import Resolver, TreeRef, tracked_paths
+from snapver.refs import Resolver, TreeRef
 from snapver.unidiff import split_lines
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport

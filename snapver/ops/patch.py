@@ -620,7 +620,7 @@ def _folder_tree(store: Store, config: Config, base: Base, text: str,
                  root: str | None) -> tuple[Manifest, list[bytes]]:
     """The base's tracked paths as a folder holds them (read by the local agent, links as
     links), and the content of the files that differ from the base."""
-    from snapver.refs import resolve_folder
+    from snapver.folders import resolve_folder
     from snapver.transport.local import FolderTransport
 
     tree = resolve_folder(text, config, store, root, base.paths)
