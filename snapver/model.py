@@ -20,6 +20,10 @@ SPECIAL = "s"
 
 MANIFEST_PATH = ".snapver/manifest"
 
+# Longest tag or patch name: a ref is a file (and its `.lock` sibling), so the name must fit
+# one path component (255 bytes) with room to spare; nobody types more.
+MAX_NAME_LENGTH = 100
+
 
 @dataclass(frozen=True)
 class Entry:

@@ -24,7 +24,7 @@ import blake3
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
-from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
+from snapver.model import FILE, LINK, MAX_NAME_LENGTH, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.ops.broken import BrokenFile, broken_files
 from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
@@ -509,7 +509,7 @@ def _same(entry: Entry | None, kind: str, oid: str, mode: int) -> bool:
 # -- patch new / save: the editable checkout -------------------------------------------
 def checkout_folder(store: Store, name: str) -> Path:
     """Where a patch's editable checkout lives: beside the store, one folder per patch."""
-    if len(name) > refs.MAX_NAME_LENGTH:
+    if len(name) > MAX_NAME_LENGTH:
         refs.check_name("patch", name)  # no patch has such a name: say so before the file system does
     return store.path.parent / CHECKOUTS / name
 
