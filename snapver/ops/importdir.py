@@ -28,7 +28,7 @@ import blake3
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, RemotePathError, UsageError
 from snapver.folders import FolderTree, resolve_folder, tracked_paths
-from snapver.model import Entry, Manifest, StatEntry
+from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.refs import parse_day
@@ -165,7 +165,7 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
                     finally:
                         store.delete_ref(scratch)
                 if tag is not None:
-                    store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
+                    store.update_ref(refs.tag_ref(tag), commit, ZERO_OID)
                 head = store.ref(refs.node_ref(node))
     except RemotePathError as exc:
         raise UsageError(exc.message, hint=_through_link_hint(folder, node)) from exc

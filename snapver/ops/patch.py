@@ -24,7 +24,7 @@ import blake3
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
-from snapver.model import FILE, LINK, MAX_NAME_LENGTH, Entry, Manifest, compare_manifests, is_safe_relpath
+from snapver.model import FILE, LINK, MAX_NAME_LENGTH, ZERO_OID, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.ops.broken import BrokenFile, broken_files
 from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
@@ -252,7 +252,7 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
                                    now, also_parents=previous)
         commit = importer.results[mark]
         try:
-            store.update_ref(refs.patch_ref(name), commit, own or "0" * 40)
+            store.update_ref(refs.patch_ref(name), commit, own or ZERO_OID)
         finally:
             store.delete_ref(scratch)
     return commit
