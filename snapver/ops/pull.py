@@ -28,7 +28,7 @@ import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
-from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
+from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
@@ -253,7 +253,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
             return {}, 0
         now_ns = int(data["now_ns"])
         if "entries" in data:  # written before the cache held only blob ids
-            return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5])
+            return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], v[5])
                     for p, v in data["entries"].items()}, now_ns
         oids = data["oids"]
         if keys is None or keys[1] != now_ns:
@@ -261,7 +261,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
         rows = parse_stat_keys(keys[0])
         if not isinstance(oids, list) or len(rows) != len(oids):
             return {}, 0
-        return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], oid)
+        return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], oid)
                 for (p, v), oid in zip(rows.items(), oids)}, now_ns
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return {}, 0
@@ -297,7 +297,7 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
     """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
-    files = sorted((e for e in listing.entries if e.kind == "f"), key=_PATH)
+    files = sorted((e for e in listing.entries if e.kind == FILE), key=_PATH)
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
     save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))
@@ -472,7 +472,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     entries = result.listing.entries
-                    files = sorted((e for e in entries if e.kind == "f"), key=_PATH)
+                    files = sorted((e for e in entries if e.kind == FILE), key=_PATH)
                     save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
                 elif head and result.keys is not None:
                     keep_stat_keys_packed(store, result.node, result.keys)
