@@ -43,9 +43,9 @@ def pull(
         if len(specs) != 1:
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")
-    # Connecting begins now (or began before the command line was read: snapver.entry);
+    # Connecting begins now (or began before the command line was read: transport.prestart);
     # the pull's own modules load and the store opens meanwhile.
-    from snapver.entry import adopt
+    from snapver.transport.prestart import adopt
 
     with adopt(specs) or Starting(specs) as starting:
         return _pull(config, specs, tag, message, json_out, starting)
