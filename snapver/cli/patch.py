@@ -13,8 +13,17 @@ from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
 from snapver.cli.state import STATE
 
-patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
-                        context_settings={"help_option_names": ["-h", "--help"]})
+PATCH_HELP = """Patches: named changes on top of a base snapshot.
+
+Made from an edited checkout (new, save), a unified diff (import) or
+a node's hand-made hot-fixes (capture); `snapver push` deploys one.
+
+Examples:
+  snapver patch new fix-eagle --base ct200   # prints a folder to edit
+  snapver patch save fix-eagle -m "guard the draft length"
+  git diff | snapver patch import fix-eagle - --base may22
+"""
+patch_app = typer.Typer(help=PATCH_HELP, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(patch_app, name="patch")
 
 NODES_HELP = "Default target nodes or groups of `snapver push` (repeat, or comma-separated)."
