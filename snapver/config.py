@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from snapver.errors import ConfigError, UsageError
-from snapver.store.refs import MAX_NAME_LENGTH  # node and group names: as tag and patch names, a ref's
+from snapver.model import MAX_NAME_LENGTH  # node and group names: as tag and patch names, a ref's
 
 # tomllib (~5 ms to import) and sysconfig are imported where they are needed: a command
 # reads either a file or the embedded default, never both.

@@ -19,6 +19,12 @@ LINK = "l"
 SPECIAL = "s"
 
 MANIFEST_PATH = ".snapver/manifest"
+# The id git gives "no object": a ref expected not to exist yet, or a diff's absent side.
+ZERO_OID = "0" * 40
+
+# Longest tag or patch name: a ref is a file (and its `.lock` sibling), so the name must fit
+# one path component (255 bytes) with room to spare; nobody types more.
+MAX_NAME_LENGTH = 100
 
 
 @dataclass(frozen=True)

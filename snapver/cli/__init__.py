@@ -13,7 +13,8 @@ from typer import Abort
 from typer._click import ClickException
 
 from snapver import interrupt
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.state import STATE
 from snapver.errors import SnapverError
 from snapver.model import quote_controls
 

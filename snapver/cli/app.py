@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -11,23 +10,21 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from snapver import __version__
+from snapver.cli.state import STATE, SYNC_AFTER, sync_after
 
 if TYPE_CHECKING:
     from typer._click import Command
-
-    from snapver.config import Config
-    from snapver.store.repo import Store
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
 # them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
 # them all. A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
-    "init": "store_cmds", "nodes": "store_cmds", "pull": "pull", "log": "store_cmds", "show": "store_cmds",
+    "init": "init", "nodes": "nodes", "pull": "pull", "log": "log", "show": "show",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
-    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "store_cmds",
+    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "fsck",
 }
 # Modules of snapver/cli/ that register no command.
-NOT_COMMANDS = {"app", "render", "options", "completion"}
+NOT_COMMANDS = {"app", "state", "render", "options", "completion"}
 COMPLETE_VAR = "_SNAPVER_COMPLETE"  # set by the shell's completion script: complete, do nothing else
 
 
@@ -130,71 +127,6 @@ app = typer.Typer(
 )
 
 
-@dataclass
-class Globals:
-    """Options given before the command, shared by every command."""
-
-    config_path: Optional[str] = None
-    verbose: bool = False
-    color: bool = True
-    no_pager: bool = False
-    wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
-    outcome: int = 0  # the exit code of the result being printed (render.outcome)
-
-    def config(self) -> "Config":
-        from snapver.config import load_config
-
-        return load_config(self.config_path)
-
-    command: Optional[str] = None  # the command being run (for `[store] sync = "auto"`)
-    auto_synced: bool = False
-    opened: Optional[tuple["Store", "Config"]] = None  # the store a command opened, to sync after it
-
-    def store(self, config: "Config", create: bool = False) -> "Store":
-        from snapver.store.repo import Store
-
-        store = Store.open_or_create(config.store_path) if create else Store(config.store_path)
-        self.opened = (store, config)
-        if self.command in SYNC_BEFORE and not self.auto_synced:
-            auto_sync(store, config)
-        return store
-
-
-# `[store] sync = "auto"`: commands that read what others may have written sync first, and
-# commands that write sync after (push and rollback both: a push checks the patch's newest version).
-SYNC_BEFORE = frozenset({"log", "show", "diff", "status", "tag", "patch", "push", "rollback"})
-SYNC_AFTER = frozenset({"pull", "tag", "patch", "push", "rollback", "import"})
-
-
-def auto_sync(store: "Store", config: "Config") -> None:
-    """One sync with a short timeout when the config asks for it; offline (or any failure)
-    is one warning line on stderr, never a failed command."""
-    if config.sync != "auto" or not config.remote or STATE.command == "sync":
-        return
-    from snapver.errors import SnapverError
-    from snapver.store.team import AUTO_SYNC_TIMEOUT, sync
-
-    STATE.auto_synced = True
-    try:
-        sync(store, config.remote, timeout=AUTO_SYNC_TIMEOUT, lock_wait=AUTO_SYNC_TIMEOUT)
-    except SnapverError as exc:
-        import sys
-
-        from snapver.model import quote_controls
-
-        print(f"snapver: warning: not synced with the team ({quote_controls(exc.message)}); working offline",
-              file=sys.stderr)
-
-
-def _sync_after() -> None:
-    if STATE.opened is not None:
-        STATE.auto_synced = False
-        auto_sync(*STATE.opened)
-
-
-STATE = Globals()
-
-
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"snapver {__version__}")
@@ -244,7 +176,7 @@ def main_options(
     STATE.command, STATE.auto_synced, STATE.opened = ctx.invoked_subcommand, False, None
     STATE.outcome = 0
     if ctx.invoked_subcommand in SYNC_AFTER:
-        ctx.call_on_close(_sync_after)
+        ctx.call_on_close(sync_after)
     if ctx.invoked_subcommand in PAGED_COMMANDS and not no_pager:
         from snapver.cli.render import hold_for_pager, release_to_pager
 

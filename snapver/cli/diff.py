@@ -7,8 +7,10 @@ from typing import Any, List, Optional
 
 import typer
 
-from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
+from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, outcome, show_path
+from snapver.cli.state import STATE
 
 
 
@@ -27,7 +29,7 @@ def diff(
     stat: bool = typer.Option(False, "--stat", help="A diffstat."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
     unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
     same: bool = typer.Option(False, "-s", "--report-identical-files",
@@ -73,7 +75,7 @@ def diff(
     elif name_status:
         _name_status(result)
     elif stat:
-        _stat(result)
+        print_stat(result)
     else:
         _unified(result)
     if same and not (json_out or quiet):
@@ -134,7 +136,8 @@ def _name_status(result: Any) -> None:
     out.flush()
 
 
-def _stat(result: Any) -> None:
+def print_stat(result: Any) -> None:
+    """The diffstat of a diff result (`diff --stat`, and what `show` says a snapshot changed)."""
     files = result.files or []
     if not files:
         return

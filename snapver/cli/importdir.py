@@ -6,8 +6,10 @@ from typing import Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import JsonOpt, NoteOpt
 from snapver.cli.render import console, emit_json, escape
+from snapver.cli.state import STATE
 
 
 @app.command("import")
@@ -19,10 +21,10 @@ def import_(
     date: Optional[str] = typer.Option(None, "--date", help="When the copy was taken: YYYY-MM-DD[THH:MM], local "
                                        "time (default: the newest mtime of its files)."),
     tag: Optional[str] = typer.Option(None, "--tag", help="Tag the snapshot."),
-    message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
+    message: NoteOpt = "",
     root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
                                        help="The folder is site-packages/PREFIX (e.g. sglang/srt), not matched."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Record a local folder as a snapshot of NODE, dated --date; found by NODE@may22.
 

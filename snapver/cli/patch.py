@@ -8,11 +8,22 @@ from typing import List, Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, fields_line, show_list, show_path
+from snapver.cli.state import STATE
 
-patch_app = typer.Typer(help="Patches: named changes on top of a base snapshot.", no_args_is_help=True,
-                        context_settings={"help_option_names": ["-h", "--help"]})
+PATCH_HELP = """Patches: named changes on top of a base snapshot.
+
+Made from an edited checkout (new, save), a unified diff (import) or
+a node's hand-made hot-fixes (capture); `snapver push` deploys one.
+
+Examples:
+  snapver patch new fix-eagle --base ct200   # prints a folder to edit
+  snapver patch save fix-eagle -m "guard the draft length"
+  git diff | snapver patch import fix-eagle - --base may22
+"""
+patch_app = typer.Typer(help=PATCH_HELP, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(patch_app, name="patch")
 
 NODES_HELP = "Default target nodes or groups of `snapver push` (repeat, or comma-separated)."
@@ -158,7 +169,7 @@ def capture(
 
 
 @patch_app.command("list")
-def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+def list_(json_out: JsonOpt = False) -> int:
     """List patches: name, files, base, target nodes, date, message.
 
     Examples:
@@ -188,7 +199,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="One JSON document
 def show(
     name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
     all_history: bool = typer.Option(False, "--history", help="List every version of the patch, with dates."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """A patch's base, targets, message, history and files.
 

@@ -7,8 +7,9 @@ from typing import Any, List
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_path
+from snapver.cli.state import STATE
 
 FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to the agent's cap)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
 from snapver.cli.render import console, emit_json, escape, human_bytes
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.config import Config, NodeSpec
@@ -16,12 +18,11 @@ if TYPE_CHECKING:
 
 @app.command()
 def pull(
-    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
-                                        help="Nodes or groups to snapshot."),
-    all_nodes: bool = typer.Option(False, "--all", help="Every node in the config."),
+    targets: Annotated[Optional[List[str]], node_args("Nodes or groups to snapshot.")] = None,
+    all_nodes: AllNodesOpt = False,
     tag: Optional[str] = typer.Option(None, "--tag", help="Tag the new snapshot (one node)."),
-    message: str = typer.Option("", "-m", "--message", help="A note kept with the snapshot."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    message: NoteOpt = "",
+    json_out: JsonOpt = False,
 ) -> int:
     """Snapshot live nodes; only changed content crosses the wire.
 
@@ -42,9 +43,9 @@ def pull(
         if len(specs) != 1:
             raise UsageError("--tag names one snapshot: pull one node with it",
                              hint="tag the others with `snapver tag NAME NODE`")
-    # Connecting begins now (or began before the command line was read: snapver.entry);
+    # Connecting begins now (or began before the command line was read: transport.prestart);
     # the pull's own modules load and the store opens meanwhile.
-    from snapver.entry import adopt
+    from snapver.transport.prestart import adopt
 
     with adopt(specs) or Starting(specs) as starting:
         return _pull(config, specs, tag, message, json_out, starting)

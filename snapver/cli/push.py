@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, List, Optional
 
 import typer
 
 from snapver import interrupt
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import AllNodesOpt, DryRunOpt, JsonOpt, YesOpt, node_args
 from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan, NodeRun
@@ -167,11 +169,10 @@ def confirm(yes: bool, question: str) -> bool:
 @app.command()
 def push(
     patch: str = typer.Argument(..., help="The patch to apply."),
-    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
-                                        help="Where (default: the patch's --nodes)."),
-    all_nodes: bool = typer.Option(False, "--all", help="Every node in the config."),
-    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
+    targets: Annotated[Optional[List[str]], node_args("Where (default: the patch's --nodes).")] = None,
+    all_nodes: AllNodesOpt = False,
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
     force: bool = typer.Option(False, "--force", help="Overwrite files that are neither the base nor the patch."),
     allow_broken: bool = typer.Option(False, "--allow-broken", help="Push files with conflict markers or that "
                                       "do not compile under the node's Python (recorded)."),
@@ -198,7 +199,7 @@ def push(
     rollback_all: bool = typer.Option(False, "--rollback-all",
                                       help="When a wave fails, also roll back the waves that finished: now the "
                                       "default (kept for old scripts); with --keep-going it still does."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Apply a patch to live nodes: every file equals the base or the patch, or nothing is written.
 
@@ -278,11 +279,11 @@ def push(
 
 @app.command()
 def rollback(
-    targets: List[str] = typer.Argument(..., metavar="NODE|GROUP...", help="The nodes to restore."),
+    targets: Annotated[List[str], node_args("The nodes to restore.", required=True)],
     to: Optional[str] = typer.Option(None, "--to", help="The snapshot to restore (default: as it was before "
                                      "the last push that changed it)."),
-    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Show the plan and stop."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal)."),
+    dry_run: DryRunOpt = False,
+    yes: YesOpt = False,
     force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
     restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
                                           help="Run CMD (sh) on the node after restoring it (default: the "
@@ -299,7 +300,7 @@ def rollback(
                                         "next; a failure stops the rollback."),
     pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
                                 help="Wait this long between waves (on a terminal without --yes: ask)."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Undo the last push on nodes, or restore their trees exactly to a snapshot with --to.
 

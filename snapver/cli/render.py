@@ -14,7 +14,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional, Union
 
-from snapver.cli.app import STATE
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -4,13 +4,15 @@ ops.status, render the fleet table (or the fleet matrix)."""
 from __future__ import annotations
 
 import stat
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 
 
-from snapver.cli.app import PATHS_KEY, STATE, PathsAfterDashes, app
+from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
+from snapver.cli.options import JsonOpt, NodesArg
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
+from snapver.cli.state import STATE
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
 MATRIX_BLOCK = 8
@@ -23,15 +25,14 @@ class NodesThenPathsCommand(PathsAfterDashes):
 @app.command(cls=NodesThenPathsCommand)
 def status(
     ctx: typer.Context,
-    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
-                                        help="Nodes or groups (default: every node)."),
+    targets: NodesArg = None,
     files: bool = typer.Option(False, "--files",
                                help="The fleet matrix: one row per file not the same on every node "
                                "(or per file named after `--`), a letter per node's content."),
     against: Optional[str] = typer.Option(None, "--against", metavar="REF",
                                           help="Known-good code: a snapshot, tag or folder instead of "
                                           "each node's RECORD."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
 ) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
 from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.state import STATE
 
 
 @app.command()

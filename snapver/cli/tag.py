@@ -6,8 +6,10 @@ from typing import Optional
 
 import typer
 
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.state import STATE
 
 
 @app.command()
@@ -18,7 +20,7 @@ def tag(
     list_tags: bool = typer.Option(False, "-l", "--list", help="List tags: snapshot, node, date."),
     delete: bool = typer.Option(False, "-d", "--delete", help="Delete tag NAME."),
     force: bool = typer.Option(False, "-f", "--force", help="Move an existing tag."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
 ) -> int:
     """Name a snapshot; list or delete names.
 

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import Annotated, List
 
-import typer
-
-from snapver.cli.app import STATE, app
+from snapver.cli.app import app
+from snapver.cli.options import JsonOpt, node_args
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
+from snapver.cli.state import STATE
 
 
 @app.command()
 def verify(
-    targets: List[str] = typer.Argument(..., metavar="NODE|GROUP...", show_default=False,
-                                        help="Nodes (or groups) to check."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    targets: Annotated[List[str], node_args("Nodes (or groups) to check.", required=True)],
+    json_out: JsonOpt = False,
 ) -> int:
     """Live files against the installed distribution's RECORD: what changed since `pip install`.
 

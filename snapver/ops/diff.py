@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from snapver.config import Config
 from snapver.errors import UsageError
-from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, Change, Entry, Manifest,
+from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, ZERO_OID, Change, Entry, Manifest,
                            compare_manifests, quote_path)
 from snapver.ops.scope import LeftOut, unrecorded_note, within_both
 from snapver.ops.trees import (Side, load_sides, match_operand, normalize_paths, read_contents, select_paths, side_scope,
@@ -29,7 +29,6 @@ from snapver.unidiff import split_lines
 from snapver.store.repo import Store
 from snapver.transport.connect import Starting
 
-NULL_OID = "0" * 40
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
 # A file above this is shown as binary without being read (git's core.bigFileThreshold
 # rule, at a size that keeps a diff of two versions within ~100 MiB of memory).
@@ -256,8 +255,8 @@ def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, co
     a_name = quote_path("a/" + change.path)
     b_name = quote_path("b/" + change.path)
     lines = [b"diff --git %s %s\n" % (_enc(a_name), _enc(b_name))]
-    old_oid = old.oid if old is not None else NULL_OID
-    new_oid = new.oid if new is not None else NULL_OID
+    old_oid = old.oid if old is not None else ZERO_OID
+    new_oid = new.oid if new is not None else ZERO_OID
     index = b"index %s..%s" % (old_oid[:7].encode(), new_oid[:7].encode())
     if old is None:
         assert new is not None

@@ -1,6 +1,6 @@
 """import: record a local folder (an old copy of ``srt``, an archive) as a dated snapshot.
 
-The folder is matched to the tracked paths as a folder ref is (``refs.resolve_folder``)
+The folder is matched to the tracked paths as a folder ref is (``folders.resolve_folder``)
 and read by the local agent (``FolderTransport``), exactly as ``diff ./folder`` reads it:
 links are recorded as links, never followed. The snapshot is dated ``--date`` (default:
 the newest mtime of its files) and its metadata carries ``"event": "import"``.
@@ -27,10 +27,11 @@ import blake3
 
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, RemotePathError, UsageError
-from snapver.model import Entry, Manifest, StatEntry
+from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.snapshot import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
-from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
+from snapver.folders import FolderTree, resolve_folder, tracked_paths
+from snapver.refs import parse_day
 from snapver.store import refs
 from snapver.store.repo import Importer, Store, blob_oid, format_message
 from snapver.store.team import TeamView, writer_of
@@ -164,7 +165,7 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
                     finally:
                         store.delete_ref(scratch)
                 if tag is not None:
-                    store.update_ref(refs.tag_ref(tag), commit, "0" * 40)
+                    store.update_ref(refs.tag_ref(tag), commit, ZERO_OID)
                 head = store.ref(refs.node_ref(node))
     except RemotePathError as exc:
         raise UsageError(exc.message, hint=_through_link_hint(folder, node)) from exc

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import EllipsisType
 from typing import Any, Callable, Iterable, Sequence
 
-from snapver.model import StatEntry
+from snapver.model import FILE, StatEntry
 from snapver.store import refs
 from snapver.store.cache import (STAT_CACHE_VERSION, STAT_KEYS_VERSION, of_version, stat_cache_path, stat_keys_path,
                                  write_atomic)
@@ -171,7 +171,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
             return {}, 0
         now_ns = int(data["now_ns"])
         if "entries" in data:  # written before the cache held only blob ids
-            return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], v[5])
+            return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], v[5])
                     for p, v in data["entries"].items()}, now_ns
         oids = data["oids"]
         if keys is None or keys[1] != now_ns:
@@ -179,7 +179,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
         rows = parse_stat_keys(keys[0])
         if not isinstance(oids, list) or len(rows) != len(oids):
             return {}, 0
-        return {p: StatEntry(p, "f", v[4], v[0], v[1], v[2], v[3], oid)
+        return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], oid)
                 for (p, v), oid in zip(rows.items(), oids)}, now_ns
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return {}, 0
@@ -215,7 +215,7 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:
     """Write the listing's stat keys, then its blob ids in the same order (the cache)."""
     path = stat_cache_path(store, node)
-    files = sorted((e for e in listing.entries if e.kind == "f"), key=BY_PATH)
+    files = sorted((e for e in listing.entries if e.kind == FILE), key=BY_PATH)
     # Keys first: keys whose cache file is older or newer than they are (a pull stopped
     # between the two writes, another version's cache) are never used with it.
     save_stat_keys(store, node, commit, listing.now_ns, files, len(listing.entries) - len(files))

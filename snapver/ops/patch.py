@@ -24,7 +24,7 @@ import blake3
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config
 from snapver.errors import ConflictError, PatchError, RefError, StoreError, UsageError
-from snapver.model import FILE, LINK, Entry, Manifest, compare_manifests, is_safe_relpath
+from snapver.model import FILE, LINK, MAX_NAME_LENGTH, ZERO_OID, Entry, Manifest, compare_manifests, is_safe_relpath
 from snapver.ops.broken import BrokenFile, broken_files
 from snapver.ops.live import list_live
 from snapver.ops.pristine import recorded, shipped
@@ -255,7 +255,7 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
                                    now, also_parents=previous)
         commit = importer.results[mark]
         try:
-            store.update_ref(refs.patch_ref(name), commit, own or "0" * 40)
+            store.update_ref(refs.patch_ref(name), commit, own or ZERO_OID)
         finally:
             store.delete_ref(scratch)
     return commit
@@ -511,7 +511,7 @@ def _same(entry: Entry | None, kind: str, oid: str, mode: int) -> bool:
 # -- patch new / save: the editable checkout -------------------------------------------
 def checkout_folder(store: Store, name: str) -> Path:
     """Where a patch's editable checkout lives: beside the store, one folder per patch."""
-    if len(name) > refs.MAX_NAME_LENGTH:
+    if len(name) > MAX_NAME_LENGTH:
         refs.check_name("patch", name)  # no patch has such a name: say so before the file system does
     return store.path.parent / CHECKOUTS / name
 
@@ -622,7 +622,7 @@ def _folder_tree(store: Store, config: Config, base: Base, text: str,
                  root: str | None) -> tuple[Manifest, list[bytes]]:
     """The base's tracked paths as a folder holds them (read by the local agent, links as
     links), and the content of the files that differ from the base."""
-    from snapver.refs import resolve_folder
+    from snapver.folders import resolve_folder
     from snapver.transport.local import FolderTransport
 
     tree = resolve_folder(text, config, store, root, base.paths)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from snapver import interrupt
 from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
-from snapver.model import FILE
+from snapver.model import FILE, LINK
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
@@ -94,7 +94,7 @@ def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
                     note={WRITE: "add" if item.base is None else "patch", DELETE: "delete"}[action])
     if live is None:
         why = "missing on the node"
-    elif live.kind not in ("f", "l"):
+    elif live.kind not in (FILE, LINK):
         why = "not a file on the node"
     elif item.base is None:
         why = "already exists on the node with other content"

@@ -23,12 +23,12 @@ import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
-from snapver.model import Entry, Manifest, StatEntry
+from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.live import (BY_PATH, keep_stat_keys_packed, load_stat_cache, load_stat_keys, newest_heads,
                               save_stat_cache, save_stat_keys)
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
-from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message, run_git
+from snapver.store.repo import Importer, Store, blob_oid, format_message, run_git
 from snapver.store.team import moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
@@ -194,7 +194,7 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                     save_stat_cache(store, result.node, head, result.listing)
                 elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
                     entries = result.listing.entries
-                    files = sorted((e for e in entries if e.kind == "f"), key=BY_PATH)
+                    files = sorted((e for e in entries if e.kind == FILE), key=BY_PATH)
                     save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
                 elif head and result.keys is not None:
                     keep_stat_keys_packed(store, result.node, result.keys)

@@ -18,7 +18,8 @@ from snapver.errors import SnapverError, UsageError
 from snapver.model import Entry, Manifest, is_safe_relpath
 from snapver.ops.live import list_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, owner_scope
-from snapver.refs import TreeRef, tracked_paths
+from snapver.folders import tracked_paths
+from snapver.refs import TreeRef
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport
 from snapver.transport.connect import Starting, open_transport

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from snapver.errors import UsageError
+from snapver.model import MAX_NAME_LENGTH
 
 NODES = "refs/heads/nodes/"
 PATCHES = "refs/heads/patches/"
@@ -80,9 +81,6 @@ def valid_ref_name(name: str) -> bool:
             and not any(token in name for token in bad) and all(32 < ord(ch) < 127 for ch in name))
 
 
-# Longest tag or patch name: a ref is a file (and its `.lock` sibling), so the name must fit
-# one path component (255 bytes) with room to spare; nobody types more.
-MAX_NAME_LENGTH = 100
 # What the ref grammar reads as a snapshot id (a hex prefix, >= 4 digits, as git).
 _HEX_ID = re.compile(r"[0-9a-fA-F]{4,}")
 _NAME_HINTS = {

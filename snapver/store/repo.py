@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generator, Iterable, Iterator, Sequence
 
 from snapver.errors import GitTimeoutError, StoreError, env_seconds
-from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
+from snapver.model import MANIFEST_PATH, ZERO_OID, Manifest, is_git_id, quote_path
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
 from snapver.store.lock import store_is_locked, store_lock, unwritable_store
@@ -652,9 +652,6 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
     if body.strip():
         text += body.strip() + "\n\n"
     return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
-
-
-ZERO_OID = "0" * 40
 
 
 class Importer:

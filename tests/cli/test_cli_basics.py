@@ -531,3 +531,19 @@ def test_init_makes_the_config_named_by_flag_or_environment(run_snapver, tmp_pat
     assert config.read_text().endswith("# kept\n")
     assert git(team / "snapshots", "config", "snapver.writer").strip() == "bob@lab"
     fails(run_snapver("--config", str(tmp_path / "absent" / "x.toml"), "init"), 2, "cannot write the config")
+
+
+def test_patch_help_has_examples_of_its_subcommands(run_snapver) -> None:
+    """`snapver patch --help` shows how a patch is made and recorded: 1-3 examples, each a
+    real patch subcommand, within 80 columns; the command list still names each subcommand."""
+    text = ok(run_snapver("patch", "--help", env={"COLUMNS": "80"})).out
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "Examples:" in text, text
+    examples = [line.strip() for line in text.split("Examples:")[1].split("╭")[0].splitlines() if line.strip()]
+    assert 1 <= len(examples) <= 3, text
+    for example in examples:
+        words = example.split("#")[0].split("|")[-1].split()  # `git diff | snapver patch import …`
+        assert words[:2] == ["snapver", "patch"] and words[2] in PATCH_COMMANDS, (example, text)
+        assert example.startswith(("snapver ", "git ")), example  # indented as every command's examples
+    listed = re.findall(r"^│ (\w+) ", text.split("Commands")[1], re.MULTILINE)
+    assert listed == PATCH_COMMANDS, listed

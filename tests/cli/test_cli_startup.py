@@ -200,19 +200,19 @@ def test_everyday_commands_import_one_command_module_and_no_rich(
 
     result, modules = run_recording("log", cwd=isolated_env)  # no store yet: an error, still no rich
     assert result.code == 4 and result.err.startswith("snapver: error: no snapver store"), result
-    assert cli_modules(modules) == {"app", "render", "store_cmds"} and not rich_modules(modules)
+    assert cli_modules(modules) == {"app", "state", "options", "render", "log"} and not rich_modules(modules)
 
     result, modules = run_recording("pull", cwd=isolated_env)
     assert result.code == 0 and result.out.startswith("laptop: snapshot "), result
-    assert cli_modules(modules) == {"app", "render", "pull"} and not rich_modules(modules)
+    assert cli_modules(modules) == {"app", "state", "options", "render", "pull"} and not rich_modules(modules)
     assert "tomllib" in modules and "sysconfig" not in modules  # a config file: not the embedded default
 
     (site / SRT / "a.py").write_text("a = 2\n")
     for args, code, module in ((["diff", "-q", "laptop"], 1, "diff"), (["status"], 1, "status"),
-                               (["log"], 0, "store_cmds")):
+                               (["log"], 0, "log")):
         result, modules = run_recording(*args, cwd=isolated_env)
         assert result.code == code, result
-        assert cli_modules(modules) == {"app", "render", module} and not rich_modules(modules), args
+        assert cli_modules(modules) == {"app", "state", "options", "render", module} and not rich_modules(modules), args
     assert result.out.count("\n") == 1 and "\x1b" not in result.out, result
 
     # Where rich would colour all the same (FORCE_COLOR), rich prints: the id is bold.
@@ -234,7 +234,7 @@ def test_everyday_commands_import_one_command_module_and_no_rich(
 
     # --help lists every command: it loads them all.
     result, modules = run_recording("--help", cwd=isolated_env)
-    assert result.code == 0 and cli_modules(modules) >= {"diff", "patch", "pull", "push", "status", "store_cmds",
+    assert result.code == 0 and cli_modules(modules) >= {"diff", "patch", "pull", "push", "status", "show", "log",
                                                           "tag", "verify"}, result
 
 
@@ -299,9 +299,10 @@ def test_help_is_the_same_whatever_is_loaded(tmp_path: Path) -> None:
     for command in ("diff", "pull", "push", "rollback", "status", "init", "nodes", "log", "show", "fsck", "tag",
                     "verify", "patch"):
         assert f" {command} " in listed, command
-    # The lazy run: `pull --help` loaded only pull; `log --help` added only store_cmds.
-    assert loaded[0] == ["snapver.cli.app", "snapver.cli.pull", "snapver.cli.render"], loaded[0]
-    assert set(loaded[1]) - set(loaded[0]) == {"snapver.cli.store_cmds"}, loaded[1]
+    # The lazy run: `pull --help` loaded only pull; `log --help` added only log.
+    assert loaded[0] == ["snapver.cli.app", "snapver.cli.options", "snapver.cli.pull", "snapver.cli.render",
+                         "snapver.cli.state"], loaded[0]
+    assert set(loaded[1]) - set(loaded[0]) == {"snapver.cli.log"}, loaded[1]
 
 
 def test_command_table_names_every_command_with_its_module(tmp_path: Path) -> None:

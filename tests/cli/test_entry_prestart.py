@@ -1,4 +1,5 @@
-"""`snapver pull NODE` begins its connections before the command line is loaded (snapver.entry).
+"""`snapver pull NODE` begins its connections before the command line is loaded (snapver.entry,
+snapver.transport.prestart).
 
 Only a command line of one known shape does; the pull takes those connections over when
 it selects the same nodes, so a node is connected to once; anything else begins nothing.
@@ -11,10 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from snapver_inproc import run_inproc
 
-from snapver import entry
+from snapver.cli.app import app, load_commands
 from snapver.transport import connect
+from snapver.transport import prestart as early
 
 FILES = {f"sglang/srt/m{i}.py": f"value = {i}\n" for i in range(5)}
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def nothing_left_begun():
     yield
-    left = entry._prestarted
-    entry._prestarted = None
+    left = early._prestarted
+    early._prestarted = None
     if left is not None:
         left[1].close()
 
@@ -38,7 +41,7 @@ def nothing_left_begun():
     (["pull"], (None, [], False)),
 ])
 def test_the_pull_command_lines_it_reads(argv, parsed) -> None:
-    assert entry.pull_command(argv) == parsed
+    assert early.pull_command(argv) == parsed
 
 
 @pytest.mark.parametrize("argv", [
@@ -47,7 +50,46 @@ def test_the_pull_command_lines_it_reads(argv, parsed) -> None:
     ["ct200", "pull"], ["--config=", "pull", "ct200"], ["--config", "", "pull"],
 ])
 def test_any_other_command_line_begins_nothing(argv) -> None:
-    assert entry.pull_command(argv) is None
+    assert early.pull_command(argv) is None
+
+
+def _option_spellings(command) -> dict[str, str]:
+    """Every spelling of ``command``'s options as the CLI parses them (``-h`` and ``--help``
+    included) → "valued", "flag", or "eager" (a flag that ends the program: --version)."""
+    context = typer.Context(command, **command.context_settings)
+    return {spelling: "valued" if not param.is_flag else "eager" if param.is_eager else "flag"
+            for param in command.get_params(context) if param.param_type_name == "option"
+            for spelling in (*param.opts, *param.secondary_opts)}
+
+
+def test_the_pull_grammar_read_early_is_the_cli_s() -> None:
+    """Each option the early reader takes is the CLI's, with or without a value as the CLI
+    has it; every other option of `snapver` or of `snapver pull` makes it begin nothing."""
+    load_commands("pull")
+    root = typer.main.get_command(app)
+    pull = root.get_command(typer.Context(root), "pull")
+    global_options, pull_options = _option_spellings(root), _option_spellings(pull)
+    assert "-h" in global_options and "--help" in pull_options  # the help spellings are read too
+
+    assert global_options["--config"] == "valued"
+    for flag in early.GLOBAL_FLAGS:
+        assert global_options.get(flag) == "flag", flag
+        assert early.pull_command([flag, "pull", "ct200"]) == (None, ["ct200"], False), flag
+    for flag in early.PULL_FLAGS:
+        assert pull_options.get(flag) == "flag", flag
+        assert early.pull_command(["pull", flag, "ct200"]) == (None, ["ct200"], flag == "--all"), flag
+    for option in early.PULL_VALUED:
+        assert pull_options.get(option) == "valued", option
+        assert early.pull_command(["pull", option, "-x", "ct200"]) == (None, ["ct200"], False), option
+
+    for spelling in set(global_options) - early.GLOBAL_FLAGS - {"--config"}:
+        assert early.pull_command([spelling, "pull", "ct200"]) is None, spelling
+    for spelling in set(pull_options) - early.PULL_FLAGS - early.PULL_VALUED:
+        assert early.pull_command(["pull", spelling, "ct200"]) is None, spelling
+        assert early.pull_command(["pull", spelling, "v1", "ct200"]) is None, spelling
+    # Every word that is not an option is a target: pull's one argument takes any number.
+    arguments = [param for param in pull.params if param.param_type_name == "argument"]
+    assert [(param.name, param.nargs) for param in arguments] == [("targets", -1)]
 
 
 @pytest.fixture
@@ -73,18 +115,18 @@ def _counting_starts(monkeypatch) -> list[list[str]]:
 def test_the_pull_takes_over_the_connection_begun_for_it(config: Path, monkeypatch) -> None:
     made = _counting_starts(monkeypatch)
     argv = ["--config", str(config), "pull", "ct200"]
-    entry.prestart(argv)
+    early.prestart(argv)
     assert made == [["ct200"]]
     result = run_inproc(*argv)
     assert result.code == 0 and "ct200: snapshot" in result.out, result
-    assert made == [["ct200"]] and entry._prestarted is None  # one connection, the one begun first
+    assert made == [["ct200"]] and early._prestarted is None  # one connection, the one begun first
 
 
 def test_connections_begun_for_other_nodes_are_closed_not_used(config: Path, monkeypatch) -> None:
     made = _counting_starts(monkeypatch)
-    entry.prestart(["--config", str(config), "pull", "ct200"])
-    begun = entry._prestarted[1]
-    assert entry.adopt([]) is None and begun._closed and entry._prestarted is None
+    early.prestart(["--config", str(config), "pull", "ct200"])
+    begun = early._prestarted[1]
+    assert early.adopt([]) is None and begun._closed and early._prestarted is None
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and made == [["ct200"], ["ct200"]], result
 
@@ -94,8 +136,8 @@ def test_an_error_begins_nothing_and_is_reported_once(config: Path, targets: lis
     if not targets:  # a config that names no node
         config.write_text(config.read_text().split("[nodes")[0])
     made = _counting_starts(monkeypatch)
-    entry.prestart(["--config", str(config), "pull", *targets])
-    assert made == [] and entry._prestarted is None
+    early.prestart(["--config", str(config), "pull", *targets])
+    assert made == [] and early._prestarted is None
     done = subprocess.run([sys.executable, "-m", "snapver", "--config", str(config), "pull", *targets],
                           capture_output=True, text=True, cwd=config.parent)
     assert done.returncode == 2 and done.stderr.count("snapver: error:") == 1, done.stderr

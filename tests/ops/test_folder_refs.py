@@ -129,7 +129,7 @@ def test_unreadable_folder_is_a_ref_error() -> None:
         code = ("import sys; from pathlib import Path\n"
                 "from snapver.config import Config\n"
                 "from snapver.errors import RefError\n"
-                "from snapver.refs import resolve_folder\n"
+                "from snapver.folders import resolve_folder\n"
                 "try:\n"
                 "    resolve_folder(sys.argv[1], Config(None, Path('/nonexistent')))\n"
                 "except RefError as exc:\n"

@@ -1,0 +1,118 @@
+"""`snapver show`: parse, call one operation, render."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from typing import TYPE_CHECKING, Iterator, Optional
+
+import typer
+
+from snapver.cli.app import app
+from snapver.cli.render import HeldOutput, console, emit_json, escape, human_bytes, show_list, show_path
+from snapver.cli.state import STATE
+
+if TYPE_CHECKING:
+    from snapver.model import Entry
+
+
+def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[bytes]") -> None:
+    """`show REF PATH --json`: one JSON document holding the file as text (UTF-8 up to 1 MiB),
+    else as base64 written as it is read (a 500 MB ``.so`` is never held whole)."""
+    document = {"snapshot": snapshot, "path": path, "kind": file.kind, "mode": f"{file.mode:o}", "size": file.size}
+    if file.size <= 1 << 20:
+        data = b"".join(pieces)
+        try:
+            emit_json({**document, "encoding": "utf-8", "content": data.decode("utf-8"), "exit_code": 0})
+            return
+        except UnicodeDecodeError:
+            pieces = iter([data])
+    head = json.dumps({**document, "encoding": "base64"}, indent=2)
+    out = sys.stdout
+    if isinstance(out, HeldOutput):  # as emit_json: a JSON document is never paged
+        out.unpaged = True
+    out.write(head[:-2] + ',\n  "content": "')
+    left = b""
+    for piece in pieces:  # whole groups of 3 bytes per write: the base64 of the parts joins up
+        piece = left + piece
+        cut = len(piece) - len(piece) % 3
+        out.write(base64.b64encode(piece[:cut]).decode("ascii"))
+        left = piece[cut:]
+    out.write(base64.b64encode(left).decode("ascii") + '",\n  "exit_code": 0\n}\n')
+    out.flush()
+
+
+@app.command()
+def show(
+    ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
+    path: Optional[str] = typer.Argument(None, help="A file, relative to site-packages."),
+    json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
+) -> int:
+    """A snapshot's metadata, or one file's content in it.
+
+    Examples:
+      snapver show ct200      # its newest snapshot, and what it changed
+      snapver show may22 sglang/srt/server_args.py
+      snapver show ct200~1 --json
+    """
+    from snapver.ops.log import content
+    from snapver.ops.log import show as run_show
+
+    config = STATE.config()
+    store = STATE.store(config)
+    result = run_show(store, config, ref, path)
+    info = result.snapshot
+    if result.file is not None:
+        if json_out:
+            _emit_file_json(info.id, result.path or "", result.file, content(store, result.file))
+            return 0
+        for piece in content(store, result.file):
+            sys.stdout.buffer.write(piece)
+        sys.stdout.flush()
+        return 0
+    if json_out:
+        emit_json({**info.to_json(), "parent": result.parent,
+                   "changes": None if result.changes is None else result.changes.to_json()["changes"],
+                   "manifest": [{"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size,
+                                 "blake3": e.digest} for e in result.manifest or []], "exit_code": 0})
+        return 0
+    out = console()
+    meta = info.meta
+    date = f"{info.time:%Y-%m-%d %H:%M:%S %z}"
+    if meta.get("kind") == "patch":  # a patch's tree: what it is on, not a node's snapshot
+        changed = len(result.changes.changes) if result.changes is not None else 0
+        out.print(f"patch {show_path(str(meta.get('name', '?')))} (commit {info.id})")
+        fields = [("base", f"{show_path(str(meta.get('base_node', '?')))} {escape(str(meta.get('base', '?'))[:10])}"),
+                  ("nodes", show_list(map(str, meta.get("nodes") or [])) or "-"), ("date", date),
+                  ("made by", show_path(str(meta.get("source", "patch"))))]
+        files = f"{len(result.manifest or [])}, {changed} changed by the patch"
+    else:
+        out.print(f"snapshot {info.id}")
+        fields = [("node", f"{show_path(info.node)} ({show_path(str(meta.get('host', '')))})"), ("date", date),
+                  ("made by", show_path(info.made_by)),
+                  ("site-packages", show_path(str(meta.get("site_packages", "")))),
+                  ("python", show_path(str(meta.get("python", ""))))]
+        files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"
+    fields += [("distribution", show_list(info.dists) or "-"),
+               ("paths", show_list(map(str, meta.get("paths", []))))]
+    if meta.get("kind") != "patch":  # a snapshot's scope; older ones do not say (unknown, not nothing)
+        fields.append(("exclude", (show_list(map(str, meta["exclude"])) or "nothing") if "exclude" in meta
+                       else "not recorded"))
+    fields.append(("files", files))
+    for label, value in fields:
+        out.print(f"{label + ':':<15}{value}")
+    if info.tags:
+        out.print(f"tags:          {show_list(info.tags)}")
+    if info.message:
+        out.print(f"message:       {show_path(info.message)}")
+    if result.changes is None:
+        out.print(f"\nfirst snapshot of {show_path(info.node)}: {info.files} files")
+    elif not result.changes.changes:
+        out.print(f"\nno file changed from {result.parent[:10]}")
+    else:
+        from snapver.cli.diff import print_stat
+
+        out.print(f"\nchanged from {result.parent[:10]}:")
+        print_stat(result.changes)
+    return 0
