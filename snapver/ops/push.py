@@ -21,8 +21,9 @@ from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
-                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.ops.ledger import PushState, Record, newest_record
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, Step,
+                              check_paths, execute, open_node, within)
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen

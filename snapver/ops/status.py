@@ -30,6 +30,7 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.diff import live_manifest
+from snapver.ops.ledger import newest_record
 from snapver.ops.log import tags_by_commit
 from snapver.ops.pull import request_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
@@ -479,8 +480,6 @@ def known_patches(store: Store, view: TeamView | None = None) -> list[KnownPatch
 
 def last_push(store: Store, node: str) -> dict[str, Any] | None:
     """The node's newest push record (patch, action, state, ``interrupted``), or None."""
-    from snapver.ops.plan import newest_record
-
     state = newest_record(store, node)
     return None if state is None else state.to_json()
 

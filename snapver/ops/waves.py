@@ -18,7 +18,8 @@ from typing import Any, Callable
 from snapver import interrupt
 from snapver.config import parse_waves
 from snapver.errors import SnapverError, TransportError, UsageError
-from snapver.ops.plan import MAX_PARALLEL, NodePlan, NodeRun, Record, open_node, write_records
+from snapver.ops.ledger import Record, write_records
+from snapver.ops.plan import MAX_PARALLEL, NodePlan, NodeRun, open_node
 from snapver.store import refs
 from snapver.store.repo import Store
 
