@@ -12,8 +12,9 @@ from snapver.cli.app import STATE, app
 from snapver.cli.render import console, emit_json, escape, show_path
 
 if TYPE_CHECKING:
-    from snapver.ops.plan import NodePlan, NodeRun
+    from snapver.ops.plan import NodePlan
     from snapver.ops.push import PushResult
+    from snapver.ops.run import NodeRun
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}

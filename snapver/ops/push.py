@@ -5,7 +5,7 @@ equals the patch is skipped, one that equals the base is written, anything else 
 conflict and refuses the whole push before any node is written (``force`` overwrites
 instead). A file that would land broken — unresolved conflict markers, or a ``.py`` file
 the node's own Python does not compile — refuses it too (``allow_broken`` overrides,
-``force`` does not). Apply: the shared path in ``ops/plan.py`` (records, snapshots, atomic
+``force`` does not). Apply: the shared path in ``ops/run.py`` (records, snapshots, atomic
 writes, health check, roll back on failure).
 """
 
@@ -22,8 +22,9 @@ from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.ledger import PushState, Record, newest_record
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, Step,
-                              check_paths, execute, open_node, within)
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, Step, check_paths,
+                              open_node, within)
+from snapver.ops.run import NodeRun, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
@@ -220,7 +221,7 @@ class PushResult:
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
                keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
                hooks: dict[str, Hooks] | None = None) -> PushResult:
-    """Write the plan (see ``ops/plan.execute``). Refuses a plan with conflicts (unless it
+    """Write the plan (see ``ops/run.execute``). Refuses a plan with conflicts (unless it
     was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
     per node, restart and health checks after writing (see ``hooks_for``)."""
     if plan.conflicts:

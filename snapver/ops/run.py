@@ -1,0 +1,244 @@
+"""Applying plans: the one apply path that push and rollback share.
+
+Under the store lock: snapshot each node (before), write a push record ("started") on
+``refs/heads/pushes/<node>`` — so a push killed at any later moment is visible and can
+be rolled back — then write the nodes in parallel, run the health check, roll back
+failed nodes (and, unless ``keep_going``, the others), snapshot them again (after) and
+mark each record with its final state.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from snapver import interrupt
+from snapver.errors import Cancelled, SnapverError, StoreError
+from snapver.ops.ledger import Record, newest_record, write_records
+from snapver.ops.plan import MAX_PARALLEL, WRITE, Hooks, NodePlan, _hooks_again, left_alone_error, open_node, \
+    run_health, run_hooks, undo_node, write_node
+from snapver.store.repo import Store
+
+# Test hook: after a node is written, sleep this many seconds (see tests/ops/test_push.py).
+PAUSE_WRITTEN_ENV = "SNAPVER_TEST_PAUSE_AFTER_WRITE"
+
+
+@dataclass
+class NodeRun:
+    """What applying one node's plan did."""
+
+    node: str
+    state: str = "not-started"  # done | rolled-back | failed | cancelled
+    before: str | None = None
+    after: str | None = None
+    record: str | None = None
+    written: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    bytecode_removed: list[str] = field(default_factory=list)
+    health: str | None = None
+    error: SnapverError | None = None
+    rollback_error: SnapverError | None = None
+    seconds: float = 0.0
+    hooks_log: list[str] = field(default_factory=list)  # restart and health, after writing
+    recovery_log: list[str] = field(default_factory=list)  # the same, on the restored code after an undo
+    recovery_error: SnapverError | None = None
+    hooks_started: bool = False  # the restart may have run: an undo restarts again
+
+    @property
+    def exit_code(self) -> int:
+        if self.error is not None:
+            return self.error.exit_code
+        return 0 if self.state == "done" else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "state": self.state, "before": self.before, "after": self.after,
+                "record": self.record, "written": self.written, "deleted": self.deleted,
+                "bytecode_removed": self.bytecode_removed, "health": self.health,
+                "error": str(self.error) if self.error else None,
+                "rollback_error": str(self.rollback_error) if self.rollback_error else None,
+                "hooks": self.hooks_log, "recovery": self.recovery_log,
+                "recovery_error": str(self.recovery_error) if self.recovery_error else None,
+                "seconds": round(self.seconds, 3)}
+
+
+def _snapshot(store: Store, plans: list[NodePlan],
+              event: dict[str, str] | None = None) -> dict[str, str | SnapverError]:
+    """Snapshot the plans' nodes, over the connections they already have open (``event``:
+    what made the snapshots, see ``pull_locked``)."""
+    from snapver.ops.pull import pull_locked
+
+    found: dict[str, str | SnapverError] = {}
+    opened = {p.node: p.transport for p in plans if p.transport is not None}
+    # The content the plans write: its digests are known, no need to read it back.
+    written = {s.target.oid: s.target.digest for p in plans for s in p.writes if s.target is not None}
+    for result in pull_locked(store, [p.spec for p in plans], open_transports=opened, known_digests=written,
+                              event=event).nodes:
+        head = result.snapshot or result.unchanged_since
+        found[result.node] = result.error or head or StoreError(f"{result.node}: no snapshot was recorded")
+    return found
+
+
+def execute(store: Store, plans: list[NodePlan], record: Record, health: str | None = None,
+            health_timeout: float = 300.0, keep_going: bool = False, undo_failed: bool = True,
+            on_node: Callable[[NodeRun], None] | None = None,
+            hooks: dict[str, Hooks] | None = None, after_interrupt: bool = False) -> list[NodeRun]:
+    """Apply every plan that has writes (see the module docstring for the order).
+
+    ``hooks`` (per node): after the write, restart and wait until healthy; a failure
+    rolls the node back like a failed health check, then restarts it on the restored
+    code (``recovery_log``, ``recovery_error``). A node rolled back because another
+    failed is restarted on its restored code too.
+
+    An interrupt (Ctrl-C, SIGTERM) stops the nodes still sending (nothing is committed
+    there: ``cancelled``), undoes by the compare-and-swap rule the nodes already written,
+    records the outcome and returns; the caller then raises the interrupt.
+    ``after_interrupt``: an undo of what an interrupted command wrote, run in full.
+    """
+    busy = [p for p in plans if p.writes]
+    runs = {p.node: NodeRun(p.node) for p in busy}
+    if not busy:
+        return []
+    with store.lock():
+        before = _snapshot(store, busy)
+        failed = {node: v for node, v in before.items() if isinstance(v, SnapverError)}
+        if failed:
+            node, error = sorted(failed.items())[0]
+            raise type(error)(f"cannot snapshot {node} before writing, so nothing was written: {error.message}",
+                              hint=error.hint)
+        rows = []
+        for plan in busy:
+            prior = newest_record(store, plan.node, check_lock=False)
+            carried = prior is not None and prior.state in ("started", "failed")
+            rows.append({"node": plan.node, "state": "started", "tree": before[plan.node],
+                         "before": before[plan.node],
+                         "restore": prior.restore if carried and prior else before[plan.node],
+                         "files": _files_meta(plan)})
+            runs[plan.node].before = str(before[plan.node])
+        started = write_records(store, record, rows)
+        for node, commit in started.items():
+            runs[node].record = commit
+        restore_of = {row["node"]: row["restore"] for row in rows}
+        wrote_of = {p.node: {s.path: s.target if s.action == WRITE else None for s in p.writes} for p in busy}
+        stop = threading.Event()
+        undone: set[str] = set()
+        answered: set[str] = set()  # nodes whose write reply came: they wrote exactly run.written/deleted
+
+        def apply(plan: NodePlan) -> None:
+            run = runs[plan.node]
+            began = time.monotonic()
+            if (stop.is_set() and not keep_going) or (interrupt.requested() and not after_interrupt):
+                return
+            try:
+                if plan.transport is None:
+                    plan.transport = open_node(plan.spec)
+                result = write_node(store, plan.transport, plan.spec, plan.steps, abortable=not after_interrupt)
+                run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
+                answered.add(plan.node)
+                if result.error is not None:
+                    raise result.error
+                if os.environ.get(PAUSE_WRITTEN_ENV):
+                    interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
+                if health:
+                    run.health = run_health(plan.transport, plan.spec, health, health_timeout)
+                if hooks and hooks.get(plan.node):
+                    run.hooks_started = True
+                    run_hooks(plan.transport, plan.spec, hooks[plan.node], run.hooks_log)
+                run.state = "done"
+            except Cancelled as exc:
+                run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
+            except SnapverError as exc:
+                run.error, run.state = exc, "failed"
+                stop.set()
+                if undo_failed and not interrupt.requested():
+                    undo(plan)
+            finally:
+                run.seconds = time.monotonic() - began
+
+        def undo(plan: NodePlan) -> None:
+            run = runs[plan.node]
+            undone.add(plan.node)
+            wrote = wrote_of[plan.node]
+            if plan.node in answered:  # else (a connection lost mid-write) any planned path may be written
+                wrote = {path: wrote[path] for path in run.written + run.deleted}
+            try:
+                left = undo_node(store, plan, wrote, store.manifest(str(run.before))) if wrote else []
+            except SnapverError as exc:
+                run.rollback_error, run.state = exc, "failed"
+                return
+            if left:
+                run.rollback_error, run.state = left_alone_error(plan.node, left), "failed"
+            else:
+                run.state = "rolled-back"
+            node_hooks = (hooks or {}).get(plan.node)
+            if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
+                run.recovery_error = _hooks_again(plan, node_hooks, run.recovery_log)
+
+        interrupted = False
+        with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:
+            futures = {pool.submit(apply, plan): plan for plan in busy}
+            try:
+                while wait(futures, timeout=0.2).not_done:
+                    pass
+            except KeyboardInterrupt:
+                interrupted = True
+                _stop_in_order(futures)
+            if interrupted or (stop.is_set() and not keep_going):
+                again = [p for p in busy if p.node not in undone and (runs[p.node].state == "done" or (
+                    interrupted and runs[p.node].state == "failed"))]
+                list(pool.map(undo, again))
+            touched = [p for p in busy if runs[p.node].state != "not-started" or runs[p.node].error]
+            for plan in touched:
+                if plan.transport is not None and not plan.transport.is_open:
+                    plan.close()  # cut by the interrupt: the snapshot connects again
+            made_by = {"event": record.action, **({"patch": record.meta["patch"]} if record.meta.get("patch") else {})}
+            after = _snapshot(store, touched, made_by) if touched else {}
+        rows = []
+        for plan in busy:
+            run = runs[plan.node]
+            snap = after.get(plan.node)
+            run.after = snap if isinstance(snap, str) else None
+            if run.state == "not-started":
+                run.state = "cancelled"  # another node failed first, or an interrupt: never written
+            errors = [str(e) for e in (run.error, run.rollback_error, snap) if isinstance(e, SnapverError)]
+            rows.append({"node": plan.node, "state": run.state, "tree": run.after or run.before,
+                         "before": run.before, "after": run.after, "restore": restore_of[plan.node],
+                         "files": _files_meta(plan), "written": len(run.written), "deleted": len(run.deleted),
+                         "bytecode_removed": len(run.bytecode_removed), "interrupted": interrupted,
+                         "error": "; ".join(errors) or None})
+        try:
+            finished = write_records(store, record, rows)
+        except StoreError as exc:
+            patched = [n for n, r in runs.items() if r.state == "done" or (r.state == "failed" and r.written)]
+            if not patched:
+                raise
+            raise StoreError(f"{exc.message}; {', '.join(patched)} {'was' if len(patched) == 1 else 'were'} "
+                             "written, but the push's outcome could not be recorded (its record says started)",
+                             hint=f"make room for the store, then `snapver rollback {patched[0]}` restores "
+                                  "it") from exc
+        for node, commit in finished.items():
+            runs[node].record = commit
+    for plan in busy:
+        if on_node:
+            on_node(runs[plan.node])
+    return [runs[p.node] for p in busy]
+
+
+def _stop_in_order(futures: dict[Future[None], NodePlan]) -> None:
+    """After an interrupt: nodes still sending stop by themselves at their next piece; any
+    still busy a moment later (waiting for a reply) have their connection cut."""
+    if wait(futures, timeout=interrupt.GRACE).not_done:
+        busy = [futures[f] for f in futures if not f.done()]
+        interrupt.cut_all([plan.transport for plan in busy if plan.transport is not None])
+        wait(futures, timeout=10)
+
+
+def _files_meta(plan: NodePlan) -> dict[str, list[str]]:
+    files: dict[str, list[str]] = {}
+    for step in plan.steps:
+        key = "forced" if step.forced else step.action
+        files.setdefault(key, []).append(step.path)
+    return files
