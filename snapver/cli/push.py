@@ -210,7 +210,8 @@ def push(
     """
     from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push
+    from snapver.ops.hooks import hooks_for
+    from snapver.ops.push import apply_push, apply_push_waves, plan_push
 
     config = STATE.config()
     waves_spec = waves if waves is not None else config.waves
@@ -313,7 +314,7 @@ def rollback(
     """
     from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import hooks_for
+    from snapver.ops.hooks import hooks_for
     from snapver.ops.rollback import apply_rollbacks, plan_rollbacks
 
     if waves is not None:

@@ -21,8 +21,9 @@ from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
+from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, Step, check_paths,
+from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, Step, check_paths,
                               open_node, within)
 from snapver.ops.run import NodeRun, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
@@ -223,7 +224,7 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
                hooks: dict[str, Hooks] | None = None) -> PushResult:
     """Write the plan (see ``ops/run.execute``). Refuses a plan with conflicts (unless it
     was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
-    per node, restart and health checks after writing (see ``hooks_for``)."""
+    per node, restart and health checks after writing (see ``ops/hooks.hooks_for``)."""
     if plan.conflicts:
         nodes = sorted({node for node, _ in plan.conflicts})
         raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
@@ -253,26 +254,6 @@ def _broken_meta(plan: PushPlan) -> dict[str, Any]:
     if not plan.allow_broken:
         return {}
     return {"allow_broken": True, "broken": [str(b) for b in plan.broken]}
-
-
-def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: bool = False,
-              health: str | None = None, health_url: str | None = None,
-              timeout: float | None = None) -> dict[str, Hooks]:
-    """Each node's hooks: its config's ``restart``, ``health``, ``health_url`` and
-    ``health_timeout``, each overridden by the command line's when given (``no_restart``:
-    no restart whatever the config says). A bad ``health_url`` is a usage error."""
-    from snapver.config import url_problem
-
-    if health_url is not None and url_problem(health_url):
-        raise UsageError(f"--health-url: {url_problem(health_url)}")
-    if restart is not None and not restart.strip():
-        raise UsageError("--restart: expected a shell command, got an empty string", hint="--no-restart skips it")
-    found = {}
-    for spec in specs:
-        found[spec.name] = Hooks(restart=None if no_restart else (restart or spec.restart),
-                                 health=health or spec.health, health_url=health_url or spec.health_url,
-                                 timeout=timeout if timeout is not None else spec.health_timeout)
-    return found
 
 
 # -- canary waves -----------------------------------------------------------------------

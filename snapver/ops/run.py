@@ -19,8 +19,8 @@ from typing import Any, Callable
 from snapver import interrupt
 from snapver.errors import Cancelled, SnapverError, StoreError
 from snapver.ops.ledger import Record, newest_record, write_records
-from snapver.ops.plan import MAX_PARALLEL, WRITE, Hooks, NodePlan, _hooks_again, left_alone_error, open_node, \
-    run_health, run_hooks, undo_node, write_node
+from snapver.ops.hooks import Hooks, hooks_again, run_health, run_hooks
+from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, left_alone_error, open_node, undo_node, write_node
 from snapver.store.repo import Store
 
 # Test hook: after a node is written, sleep this many seconds (see tests/ops/test_push.py).
@@ -175,7 +175,7 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
                 run.state = "rolled-back"
             node_hooks = (hooks or {}).get(plan.node)
             if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
-                run.recovery_error = _hooks_again(plan, node_hooks, run.recovery_log)
+                run.recovery_error = hooks_again(plan, node_hooks, run.recovery_log)
 
         interrupted = False
         with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:
