@@ -12,7 +12,8 @@ from typing import Any
 
 from snapver.config import NodeSpec, url_problem
 from snapver.errors import SnapverError, TransportError, UsageError
-from snapver.ops.plan import NodePlan, open_node
+from snapver.ops.nodeio import open_node
+from snapver.ops.plan import NodePlan
 from snapver.transport.base import Transport
 
 

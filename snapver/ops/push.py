@@ -23,8 +23,8 @@ from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_
 from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, Step, check_paths,
-                              open_node, within)
+from snapver.ops.nodeio import check_paths, open_node
+from snapver.ops.plan import CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, Step, within
 from snapver.ops.run import NodeRun, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store

@@ -17,8 +17,8 @@ from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, last_push, newest_record, write_records
-from snapver.ops.plan import MAX_PARALLEL, Live, NodePlan, check_paths, first_of, open_node, restore_steps, \
-    undo_steps, within
+from snapver.ops.nodeio import check_paths, open_node
+from snapver.ops.plan import MAX_PARALLEL, Live, NodePlan, first_of, restore_steps, undo_steps, within
 from snapver.ops.run import NodeRun, execute
 from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves

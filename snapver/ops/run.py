@@ -20,7 +20,8 @@ from snapver import interrupt
 from snapver.errors import Cancelled, SnapverError, StoreError
 from snapver.ops.ledger import Record, newest_record, write_records
 from snapver.ops.hooks import Hooks, hooks_again, run_health, run_hooks
-from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, left_alone_error, open_node, undo_node, write_node
+from snapver.ops.nodeio import left_alone_error, open_node, undo_node, write_node
+from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan
 from snapver.store.repo import Store
 
 # Test hook: after a node is written, sleep this many seconds (see tests/ops/test_push.py).
