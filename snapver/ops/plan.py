@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError
 from snapver.model import FILE, LINK, SPECIAL, Entry
 from snapver.transport.base import Transport
+
+if TYPE_CHECKING:  # a patch's file is only read here; the patch verb needs nothing of plans
+    from snapver.ops.patch import PatchFile
 
 WRITE, DELETE, SKIP, CONFLICT = "write", "delete", "skip", "conflict"
 MAX_PARALLEL = 16
@@ -152,3 +155,28 @@ def undo_steps(live: dict[str, Live | None], wrote: dict[str, Entry | None], bef
         else:
             steps.append(Step(path, CONFLICT, now, wanted, note="changed since it was written: left alone"))
     return steps
+
+
+def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
+    """Equal to the patch: skip; equal to the base: write; else a conflict (or, forced, write)."""
+    with_mode = item.mode_changed
+    # A content change keeps the node's own permission bits; a mode change sets them.
+    keep_mode = item.base is not None and item.patch is not None and item.base.kind == FILE and not with_mode
+    action = WRITE if item.patch is not None else DELETE
+    if (live is None and item.patch is None) or (live is not None and live.matches(item.patch, with_mode)):
+        return Step(item.path, SKIP, live, item.patch, note="already patched")
+    if (live is None and item.base is None) or (live is not None and live.matches(item.base, with_mode)):
+        return Step(item.path, action, live, item.patch, keep_mode=keep_mode,
+                    note={WRITE: "add" if item.base is None else "patch", DELETE: "delete"}[action])
+    if live is None:
+        why = "missing on the node"
+    elif live.kind not in ("f", "l"):
+        why = "not a file on the node"
+    elif item.base is None:
+        why = "already exists on the node with other content"
+    else:
+        why = "modified on the node (neither the base nor the patch)"
+    if force:
+        keep = keep_mode and live is not None and live.kind == FILE
+        return Step(item.path, action, live, item.patch, keep_mode=keep, note=f"forced: {why}", forced=True)
+    return Step(item.path, CONFLICT, live, item.patch, note=why)

@@ -20,11 +20,11 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
-from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
+from snapver.ops.patch import Patch, load_patch, unseen_versions
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
-from snapver.ops.plan import CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Live, NodePlan, Step, within
+from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.run import NodeRun, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
@@ -83,29 +83,6 @@ class PushPlan:
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
-def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
-    """Equal to the patch: skip; equal to the base: write; else a conflict (or, forced, write)."""
-    with_mode = item.mode_changed
-    # A content change keeps the node's own permission bits; a mode change sets them.
-    keep_mode = item.base is not None and item.patch is not None and item.base.kind == FILE and not with_mode
-    action = WRITE if item.patch is not None else DELETE
-    if (live is None and item.patch is None) or (live is not None and live.matches(item.patch, with_mode)):
-        return Step(item.path, SKIP, live, item.patch, note="already patched")
-    if (live is None and item.base is None) or (live is not None and live.matches(item.base, with_mode)):
-        return Step(item.path, action, live, item.patch, keep_mode=keep_mode,
-                    note={WRITE: "add" if item.base is None else "patch", DELETE: "delete"}[action])
-    if live is None:
-        why = "missing on the node"
-    elif live.kind not in ("f", "l"):
-        why = "not a file on the node"
-    elif item.base is None:
-        why = "already exists on the node with other content"
-    else:
-        why = "modified on the node (neither the base nor the patch)"
-    if force:
-        keep = keep_mode and live is not None and live.kind == FILE
-        return Step(item.path, action, live, item.patch, keep_mode=keep, note=f"forced: {why}", forced=True)
-    return Step(item.path, CONFLICT, live, item.patch, note=why)
 
 
 def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[str, bytes],
