@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from snapver import interrupt
 from snapver.errors import Cancelled, SnapverError, StoreError
+from snapver.model import Entry
 from snapver.ops.ledger import Record, newest_record, write_records
 from snapver.ops.hooks import Hooks, hooks_again, run_health, run_hooks
 from snapver.ops.nodeio import left_alone_error, open_node, undo_node, write_node
@@ -100,120 +101,174 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
     ``after_interrupt``: an undo of what an interrupted command wrote, run in full.
     """
     busy = [p for p in plans if p.writes]
-    runs = {p.node: NodeRun(p.node) for p in busy}
     if not busy:
         return []
-    with store.lock():
-        before = _snapshot(store, busy)
+    runs = Execution(store, busy, record, health, health_timeout, keep_going, undo_failed, hooks,
+                     after_interrupt).run()
+    for run in runs:
+        if on_node:
+            on_node(run)
+    return runs
+
+
+@dataclass
+class Execution:
+    """One application of ``plans`` (each with writes), in named steps: snapshot before,
+    record started, apply (undo), stop in order, snapshot after, record outcome. Its
+    fields are what the steps share; the node threads each touch their own node's run."""
+
+    store: Store
+    plans: list[NodePlan]
+    record: Record
+    health: str | None = None
+    health_timeout: float = 300.0
+    keep_going: bool = False
+    undo_failed: bool = True
+    hooks: dict[str, Hooks] | None = None
+    after_interrupt: bool = False
+    runs: dict[str, NodeRun] = field(init=False)
+    wrote_of: dict[str, dict[str, Entry | None]] = field(init=False)  # what each plan writes (None: deletes)
+    restore_of: dict[str, Any] = field(default_factory=dict)  # each record's restore point
+    stop: threading.Event = field(default_factory=threading.Event)  # a node failed
+    undone: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)  # nodes whose write reply came: they wrote exactly run.written/deleted
+    interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        self.runs = {p.node: NodeRun(p.node) for p in self.plans}
+        self.wrote_of = {p.node: {s.path: s.target if s.action == WRITE else None for s in p.writes}
+                         for p in self.plans}
+
+    def run(self) -> list[NodeRun]:
+        """Every step in order, under the store lock; returns each plan's run."""
+        with self.store.lock():
+            self.record_started(self.snapshot_before())
+            after = self.write_all()
+            self.record_outcome(after)
+        return [self.runs[p.node] for p in self.plans]
+
+    def snapshot_before(self) -> dict[str, str | SnapverError]:
+        """Snapshot every node; one that cannot be snapshotted refuses them all, unwritten."""
+        before = _snapshot(self.store, self.plans)
         failed = {node: v for node, v in before.items() if isinstance(v, SnapverError)}
         if failed:
             node, error = sorted(failed.items())[0]
             raise type(error)(f"cannot snapshot {node} before writing, so nothing was written: {error.message}",
                               hint=error.hint)
-        rows = []
-        for plan in busy:
-            prior = newest_record(store, plan.node, check_lock=False)
+        return before
+
+    def record_started(self, before: dict[str, str | SnapverError]) -> None:
+        """A "started" record per node, restoring to its snapshot (or, after an unfinished
+        push, to the point that push would have restored)."""
+        rows: list[dict[str, Any]] = []
+        for plan in self.plans:
+            prior = newest_record(self.store, plan.node, check_lock=False)
             carried = prior is not None and prior.state in ("started", "failed")
             rows.append({"node": plan.node, "state": "started", "tree": before[plan.node],
                          "before": before[plan.node],
                          "restore": prior.restore if carried and prior else before[plan.node],
                          "files": _files_meta(plan)})
-            runs[plan.node].before = str(before[plan.node])
-        started = write_records(store, record, rows)
+            self.runs[plan.node].before = str(before[plan.node])
+        started = write_records(self.store, self.record, rows)
         for node, commit in started.items():
-            runs[node].record = commit
-        restore_of = {row["node"]: row["restore"] for row in rows}
-        wrote_of = {p.node: {s.path: s.target if s.action == WRITE else None for s in p.writes} for p in busy}
-        stop = threading.Event()
-        undone: set[str] = set()
-        answered: set[str] = set()  # nodes whose write reply came: they wrote exactly run.written/deleted
+            self.runs[node].record = commit
+        self.restore_of = {row["node"]: row["restore"] for row in rows}
 
-        def apply(plan: NodePlan) -> None:
-            run = runs[plan.node]
-            began = time.monotonic()
-            if (stop.is_set() and not keep_going) or (interrupt.requested() and not after_interrupt):
-                return
-            try:
-                if plan.transport is None:
-                    plan.transport = open_node(plan.spec)
-                result = write_node(store, plan.transport, plan.spec, plan.steps, abortable=not after_interrupt)
-                run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
-                answered.add(plan.node)
-                if result.error is not None:
-                    raise result.error
-                if os.environ.get(PAUSE_WRITTEN_ENV):
-                    interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
-                if health:
-                    run.health = run_health(plan.transport, plan.spec, health, health_timeout)
-                if hooks and hooks.get(plan.node):
-                    run.hooks_started = True
-                    run_hooks(plan.transport, plan.spec, hooks[plan.node], run.hooks_log)
-                run.state = "done"
-            except Cancelled as exc:
-                run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
-            except SnapverError as exc:
-                run.error, run.state = exc, "failed"
-                stop.set()
-                if undo_failed and not interrupt.requested():
-                    undo(plan)
-            finally:
-                run.seconds = time.monotonic() - began
-
-        def undo(plan: NodePlan) -> None:
-            run = runs[plan.node]
-            undone.add(plan.node)
-            wrote = wrote_of[plan.node]
-            if plan.node in answered:  # else (a connection lost mid-write) any planned path may be written
-                wrote = {path: wrote[path] for path in run.written + run.deleted}
-            try:
-                left = undo_node(store, plan, wrote, store.manifest(str(run.before))) if wrote else []
-            except SnapverError as exc:
-                run.rollback_error, run.state = exc, "failed"
-                return
-            if left:
-                run.rollback_error, run.state = left_alone_error(plan.node, left), "failed"
-            else:
-                run.state = "rolled-back"
-            node_hooks = (hooks or {}).get(plan.node)
-            if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
-                run.recovery_error = hooks_again(plan, node_hooks, run.recovery_log)
-
-        interrupted = False
-        with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(busy))) as pool:
-            futures = {pool.submit(apply, plan): plan for plan in busy}
+    def write_all(self) -> dict[str, str | SnapverError]:
+        """Apply the plans in parallel; after a failure (unless ``keep_going``) or an
+        interrupt, undo the nodes written; then snapshot the nodes touched."""
+        with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(self.plans))) as pool:
+            futures = {pool.submit(self.apply, plan): plan for plan in self.plans}
             try:
                 while wait(futures, timeout=0.2).not_done:
                     pass
             except KeyboardInterrupt:
-                interrupted = True
-                _stop_in_order(futures)
-            if interrupted or (stop.is_set() and not keep_going):
-                again = [p for p in busy if p.node not in undone and (runs[p.node].state == "done" or (
-                    interrupted and runs[p.node].state == "failed"))]
-                list(pool.map(undo, again))
-            touched = [p for p in busy if runs[p.node].state != "not-started" or runs[p.node].error]
-            for plan in touched:
-                if plan.transport is not None and not plan.transport.is_open:
-                    plan.close()  # cut by the interrupt: the snapshot connects again
-            made_by = {"event": record.action, **({"patch": record.meta["patch"]} if record.meta.get("patch") else {})}
-            after = _snapshot(store, touched, made_by) if touched else {}
-        rows = []
-        for plan in busy:
-            run = runs[plan.node]
-            snap = after.get(plan.node)
-            run.after = snap if isinstance(snap, str) else None
-            if run.state == "not-started":
-                run.state = "cancelled"  # another node failed first, or an interrupt: never written
-            errors = [str(e) for e in (run.error, run.rollback_error, snap) if isinstance(e, SnapverError)]
-            rows.append({"node": plan.node, "state": run.state, "tree": run.after or run.before,
-                         "before": run.before, "after": run.after, "restore": restore_of[plan.node],
-                         "files": _files_meta(plan), "written": len(run.written), "deleted": len(run.deleted),
-                         "bytecode_removed": len(run.bytecode_removed), "interrupted": interrupted,
-                         "error": "; ".join(errors) or None})
+                self.interrupted = True
+                self.stop_in_order(futures)
+            if self.interrupted or (self.stop.is_set() and not self.keep_going):
+                again = [p for p in self.plans if p.node not in self.undone and (
+                    self.runs[p.node].state == "done" or (self.interrupted and self.runs[p.node].state == "failed"))]
+                list(pool.map(self.undo, again))
+            return self.snapshot_after()
+
+    def apply(self, plan: NodePlan) -> None:
+        """Write one node, then its health check and hooks; a failure undoes it (``undo_failed``)."""
+        run = self.runs[plan.node]
+        began = time.monotonic()
+        if (self.stop.is_set() and not self.keep_going) or (interrupt.requested() and not self.after_interrupt):
+            return
         try:
-            finished = write_records(store, record, rows)
+            if plan.transport is None:
+                plan.transport = open_node(plan.spec)
+            result = write_node(self.store, plan.transport, plan.spec, plan.steps, abortable=not self.after_interrupt)
+            run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
+            self.answered.add(plan.node)
+            if result.error is not None:
+                raise result.error
+            if os.environ.get(PAUSE_WRITTEN_ENV):
+                interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
+            if self.health:
+                run.health = run_health(plan.transport, plan.spec, self.health, self.health_timeout)
+            if self.hooks and self.hooks.get(plan.node):
+                run.hooks_started = True
+                run_hooks(plan.transport, plan.spec, self.hooks[plan.node], run.hooks_log)
+            run.state = "done"
+        except Cancelled as exc:
+            run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
+        except SnapverError as exc:
+            run.error, run.state = exc, "failed"
+            self.stop.set()
+            if self.undo_failed and not interrupt.requested():
+                self.undo(plan)
+        finally:
+            run.seconds = time.monotonic() - began
+
+    def undo(self, plan: NodePlan) -> None:
+        """Put back what this run wrote on one node (compare-and-swap), then restart it on
+        the restored code if its hooks may have restarted it on the new."""
+        run = self.runs[plan.node]
+        self.undone.add(plan.node)
+        wrote = self.wrote_of[plan.node]
+        if plan.node in self.answered:  # else (a connection lost mid-write) any planned path may be written
+            wrote = {path: wrote[path] for path in run.written + run.deleted}
+        try:
+            left = undo_node(self.store, plan, wrote, self.store.manifest(str(run.before))) if wrote else []
+        except SnapverError as exc:
+            run.rollback_error, run.state = exc, "failed"
+            return
+        if left:
+            run.rollback_error, run.state = left_alone_error(plan.node, left), "failed"
+        else:
+            run.state = "rolled-back"
+        node_hooks = (self.hooks or {}).get(plan.node)
+        if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
+            run.recovery_error = hooks_again(plan, node_hooks, run.recovery_log)
+
+    def stop_in_order(self, futures: dict[Future[None], NodePlan]) -> None:
+        """After an interrupt: nodes still sending stop by themselves at their next piece; any
+        still busy a moment later (waiting for a reply) have their connection cut."""
+        if wait(futures, timeout=interrupt.GRACE).not_done:
+            busy = [futures[f] for f in futures if not f.done()]
+            interrupt.cut_all([plan.transport for plan in busy if plan.transport is not None])
+            wait(futures, timeout=10)
+
+    def snapshot_after(self) -> dict[str, str | SnapverError]:
+        """Snapshot the nodes this run touched (fresh connections for those the interrupt cut)."""
+        touched = [p for p in self.plans if self.runs[p.node].state != "not-started" or self.runs[p.node].error]
+        for plan in touched:
+            if plan.transport is not None and not plan.transport.is_open:
+                plan.close()  # cut by the interrupt: the snapshot connects again
+        made_by = {"event": self.record.action,
+                   **({"patch": self.record.meta["patch"]} if self.record.meta.get("patch") else {})}
+        return _snapshot(self.store, touched, made_by) if touched else {}
+
+    def record_outcome(self, after: dict[str, str | SnapverError]) -> None:
+        """Each node's record says its final state; a full store names the nodes left written."""
+        rows = [self._outcome_row(plan, after.get(plan.node)) for plan in self.plans]
+        try:
+            finished = write_records(self.store, self.record, rows)
         except StoreError as exc:
-            patched = [n for n, r in runs.items() if r.state == "done" or (r.state == "failed" and r.written)]
+            patched = [n for n, r in self.runs.items() if r.state == "done" or (r.state == "failed" and r.written)]
             if not patched:
                 raise
             raise StoreError(f"{exc.message}; {', '.join(patched)} {'was' if len(patched) == 1 else 'were'} "
@@ -221,20 +276,19 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
                              hint=f"make room for the store, then `snapver rollback {patched[0]}` restores "
                                   "it") from exc
         for node, commit in finished.items():
-            runs[node].record = commit
-    for plan in busy:
-        if on_node:
-            on_node(runs[plan.node])
-    return [runs[p.node] for p in busy]
+            self.runs[node].record = commit
 
-
-def _stop_in_order(futures: dict[Future[None], NodePlan]) -> None:
-    """After an interrupt: nodes still sending stop by themselves at their next piece; any
-    still busy a moment later (waiting for a reply) have their connection cut."""
-    if wait(futures, timeout=interrupt.GRACE).not_done:
-        busy = [futures[f] for f in futures if not f.done()]
-        interrupt.cut_all([plan.transport for plan in busy if plan.transport is not None])
-        wait(futures, timeout=10)
+    def _outcome_row(self, plan: NodePlan, snap: str | SnapverError | None) -> dict[str, Any]:
+        run = self.runs[plan.node]
+        run.after = snap if isinstance(snap, str) else None
+        if run.state == "not-started":
+            run.state = "cancelled"  # another node failed first, or an interrupt: never written
+        errors = [str(e) for e in (run.error, run.rollback_error, snap) if isinstance(e, SnapverError)]
+        return {"node": plan.node, "state": run.state, "tree": run.after or run.before,
+                "before": run.before, "after": run.after, "restore": self.restore_of[plan.node],
+                "files": _files_meta(plan), "written": len(run.written), "deleted": len(run.deleted),
+                "bytecode_removed": len(run.bytecode_removed), "interrupted": self.interrupted,
+                "error": "; ".join(errors) or None}
 
 
 def _files_meta(plan: NodePlan) -> dict[str, list[str]]:
