@@ -14,7 +14,7 @@ from snapver.cli.render import console, emit_json, escape, show_path
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan
     from snapver.ops.push import PushResult
-    from snapver.ops.run import NodeRun
+    from snapver.ops.run import NodeRun, Pauses
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
@@ -154,6 +154,15 @@ def render_patched(result: "PushResult") -> None:
                                    f"(`snapver rollback {escape(names.replace(', ', ' '))}` undoes it)")
 
 
+def _test_pauses() -> "Pauses":
+    """Where a test holds this process's writes, from its environment (``snapver/testhooks.py``,
+    the one reader of those variables); no pause outside the tests."""
+    from snapver import testhooks
+    from snapver.ops.run import Pauses
+
+    return Pauses(testhooks.pause_after_files(), testhooks.pause_after_write())
+
+
 def confirm(yes: bool, question: str) -> bool:
     """Ask on a terminal; without one, only ``--yes`` allows writing."""
     from snapver.errors import UsageError
@@ -259,9 +268,9 @@ def push(
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
                                       on_wave=None if json_out else _render_wave,
-                                      roll_back_finished=True if rollback_all else None)
+                                      roll_back_finished=True if rollback_all else None, pauses=_test_pauses())
         else:
-            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
+            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses())
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
@@ -360,7 +369,7 @@ def rollback(
                           health_timeout)
         result = apply_rollbacks(store, plans, hooks, waves,
                                  between=lambda index, names: _between_waves(index, names, pause, yes),
-                                 on_wave=None if json_out else _render_wave)
+                                 on_wave=None if json_out else _render_wave, pauses=_test_pauses())
         written = [run for run in result.runs if run.written or run.deleted]
         stale = [] if interrupt.requested() else stale_after_write([plan.node for plan in plans], written)
     finally:

@@ -10,13 +10,11 @@ exactly what was written; one changed since is left alone and reported.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, ConflictError, SnapverError, StoreError, TransportError
 from snapver.model import LINK, Entry, Manifest
@@ -26,10 +24,6 @@ from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
 CHUNK = 1 << 20
-# Test hooks (documented in tests/ops/test_push.py): after sending this many files to a
-# node, sleep SNAPVER_TEST_PAUSE_SECONDS (default an hour), so that a test can race or kill
-# the push half-way.
-PAUSE_ENV = "SNAPVER_TEST_PAUSE_AFTER_FILES"
 
 
 def open_node(spec: NodeSpec) -> Transport:
@@ -80,14 +74,15 @@ def describe_conflicts(conflicts: dict[str, Any], limit: int = 5) -> str:
 
 
 def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[Step], partial: bool = False,
-               abortable: bool = True) -> WriteResult:
+               abortable: bool = True, on_sent: Callable[[int], None] | None = None) -> WriteResult:
     """Write ``steps`` on one node and check the node's re-hash of every file it wrote.
 
     A path that is unsafe or (unless ``partial``) does not hold what the plan expects
     refuses the write with nothing written: ``error`` is set and nothing is listed as
     written. ``Cancelled`` is raised when interrupted while sending (``abortable``).
     ``partial`` (an undo): paths that do not hold what is expected are skipped, reported
-    in ``conflicts``.
+    in ``conflicts``. ``on_sent(n)`` is called once the n-th file is sent (a test holds
+    the write there).
     """
     todo = [s for s in steps if s.action in (WRITE, DELETE)]
     if not todo:
@@ -110,7 +105,6 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
             hint="nothing was written there; run the command again to see the new plan"))
     skipped = set(reply.get("skipped") or ())
     sending = [s.target for s in todo if s.action == WRITE and s.target is not None and s.path not in skipped]
-    pause = int(os.environ.get(PAUSE_ENV) or 0)
     contents = _contents(store, sending)
     try:
         for sent, pieces in enumerate(contents, 1):
@@ -118,8 +112,8 @@ def write_node(store: Store, transport: Transport, spec: NodeSpec, steps: list[S
                 transport.send_stream(pieces, abortable=abortable)
             finally:
                 pieces.close()
-            if pause and sent == pause:
-                interrupt.pause(float(os.environ.get("SNAPVER_TEST_PAUSE_SECONDS") or 3600))
+            if on_sent is not None:
+                on_sent(sent)
     except Cancelled:
         raise  # the stream was abandoned in step (ABORT_FRAME): the session still serves
     except BaseException:
@@ -183,7 +177,8 @@ def _contents(store: Store, entries: list[Entry]) -> Generator[Generator[bytes, 
         batched.close()
 
 
-def undo_node(store: Store, plan: NodePlan, wrote: dict[str, Entry | None], before: Manifest) -> list[str]:
+def undo_node(store: Store, plan: NodePlan, wrote: dict[str, Entry | None], before: Manifest,
+              on_sent: Callable[[int], None] | None = None) -> list[str]:
     """Put ``before`` back on the paths a write made ``wrote``, by the compare-and-swap rule
     (a fresh connection if the old one died); returns the paths left alone because they
     changed since they were written."""
@@ -194,7 +189,8 @@ def undo_node(store: Store, plan: NodePlan, wrote: dict[str, Entry | None], befo
         try:
             live = check_paths(plan.transport, plan.spec, list(wrote))
             steps = undo_steps(live, wrote, {path: before.get(path) for path in wrote})
-            result = write_node(store, plan.transport, plan.spec, steps, partial=True, abortable=False)
+            result = write_node(store, plan.transport, plan.spec, steps, partial=True, abortable=False,
+                                on_sent=on_sent)
             if result.error is not None:
                 raise result.error
             return sorted({s.path for s in steps if s.action == CONFLICT} | set(result.conflicts))

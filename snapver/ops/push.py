@@ -25,7 +25,7 @@ from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
-from snapver.ops.run import NodeRun, execute
+from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
@@ -198,10 +198,11 @@ class PushResult:
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
                keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
-               hooks: dict[str, Hooks] | None = None) -> PushResult:
+               hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None) -> PushResult:
     """Write the plan (see ``ops/run.execute``). Refuses a plan with conflicts (unless it
     was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
-    per node, restart and health checks after writing (see ``ops/hooks.hooks_for``)."""
+    per node, restart and health checks after writing (see ``ops/hooks.hooks_for``);
+    ``pauses``: where to hold the writes (``ops/run.Pauses``)."""
     if plan.conflicts:
         nodes = sorted({node for node, _ in plan.conflicts})
         raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
@@ -222,7 +223,8 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
                                                      **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}}
                                                         if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None]
-    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks)
+    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks,
+                   pauses=pauses)
     return PushResult(plan, runs)
 
 
@@ -269,7 +271,7 @@ class WavesResult(PushResult):
 def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
                      keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
                      on_wave: Callable[[int, list[NodeRun]], None] | None = None,
-                     roll_back_finished: bool | None = None) -> WavesResult:
+                     roll_back_finished: bool | None = None, pauses: Pauses | None = None) -> WavesResult:
     """Write the plan wave by wave (see ``ops/waves.run_waves``): each wave is written,
     restarted and health-checked (``execute``) before the next begins. A failed node
     rolls back its wave and the waves that finished before it, unless ``keep_going``
@@ -288,7 +290,7 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
         **_broken_meta(plan), **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}} if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None and n.writes]
     outcome = run_waves(store, ready, spec, record,
-                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks),
+                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks, pauses=pauses),
                         between, on_wave)
     result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec, why=outcome.why)
     if roll_back_finished is None:
@@ -296,12 +298,12 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     if outcome.why in (FAILED, INTERRUPTED) and roll_back_finished:
         # In order, to the end: an interrupt's cut of busy connections must not reach these.
         with interrupt.deferred():
-            result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+            result.rolled_back = roll_back_finished_waves(store, config, result, hooks, pauses)
     return result
 
 
 def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
-                             hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
+                             hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None) -> list[NodeRun]:
     """After a push in waves failed, undo it on the nodes of the waves that finished (each
     a real rollback: only the files the push wrote, each only while it still holds what was
     written; recorded; restarted by the hooks). A node that cannot be rolled back gets a
@@ -316,7 +318,7 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
             continue
         try:
             with plan_rollback(store, config, run.node) as plan:
-                done = apply_rollback(store, plan, hooks, after_interrupt=interrupt.requested())
+                done = apply_rollback(store, plan, hooks, after_interrupt=interrupt.requested(), pauses=pauses)
         except SnapverError as exc:
             done = NodeRun(run.node, "failed", error=exc)
         undone.append(done if done is not None else NodeRun(run.node, "done"))

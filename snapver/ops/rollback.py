@@ -19,7 +19,7 @@ from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, last_push, newest_record, write_records
 from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.plan import MAX_PARALLEL, Live, NodePlan, first_of, restore_steps, undo_steps, within
-from snapver.ops.run import NodeRun, execute
+from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
@@ -153,11 +153,12 @@ def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Man
 
 
 def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | None = None,
-                   after_interrupt: bool = False) -> NodeRun | None:
+                   after_interrupt: bool = False, pauses: Pauses | None = None) -> NodeRun | None:
     """Write the plan; with nothing to write, only close an interrupted push's record.
     Refuses a plan with conflicts (files changed since the push wrote them). ``hooks``:
     restart and health checks after writing (a failure is reported; the restored files stay).
-    ``after_interrupt``: undoing what an interrupted command wrote: run in full."""
+    ``after_interrupt``: undoing what an interrupted command wrote: run in full. ``pauses``:
+    where to hold the writes (``ops/run.Pauses``)."""
     if plan.node.conflicts:
         paths = [step.path for step in plan.node.conflicts]
         raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
@@ -173,7 +174,8 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
             commit = write_records(store, record, [{"node": plan.node.node, "state": "done", "tree": head,
                                                     "before": head, "after": head, "written": 0, "deleted": 0}])
         return NodeRun(plan.node.node, "done", head, head, commit[plan.node.node])
-    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks, after_interrupt=after_interrupt)
+    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks, after_interrupt=after_interrupt,
+                   pauses=pauses)
     return runs[0]
 
 
@@ -223,7 +225,8 @@ def plan_rollbacks(store: Store, config: Config, targets: list[str], to: str | N
 
 def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Hooks] | None = None,
                     waves: str | None = None, between: Callable[[int, list[str]], bool] | None = None,
-                    on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> RollbacksResult:
+                    on_wave: Callable[[int, list[NodeRun]], None] | None = None,
+                    pauses: Pauses | None = None) -> RollbacksResult:
     """Write every plan: all at once, or in ``waves`` (see ``ops/waves.run_waves``: each
     wave restored, restarted and health-checked before the next; a node that fails stops
     the rollout, later waves untouched and recorded "cancelled"). One node's failure never
@@ -252,7 +255,7 @@ def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Ho
 
     def run_wave(wave: list[NodePlan]) -> list[NodeRun]:
         # keep_going: a node that fails is no reason to put the push back on the others.
-        return execute(store, wave, record, keep_going=True, undo_failed=False, hooks=hooks)
+        return execute(store, wave, record, keep_going=True, undo_failed=False, hooks=hooks, pauses=pauses)
 
     if waves is None:
         result.runs.extend(run_wave([plan.node for plan in busy]))

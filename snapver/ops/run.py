@@ -9,7 +9,6 @@ mark each record with its final state.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -25,8 +24,15 @@ from snapver.ops.nodeio import left_alone_error, open_node, undo_node, write_nod
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan
 from snapver.store.repo import Store
 
-# Test hook: after a node is written, sleep this many seconds (see tests/ops/test_push.py).
-PAUSE_WRITTEN_ENV = "SNAPVER_TEST_PAUSE_AFTER_WRITE"
+
+@dataclass(frozen=True)
+class Pauses:
+    """Where a caller may hold a run (a test races or kills a push there): ``sent(n)``
+    once the n-th file is sent to a node (undos included), ``written(node)`` once a node
+    is written, before its health check."""
+
+    sent: Callable[[int], None] | None = None
+    written: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -87,7 +93,8 @@ def _snapshot(store: Store, plans: list[NodePlan],
 def execute(store: Store, plans: list[NodePlan], record: Record, health: str | None = None,
             health_timeout: float = 300.0, keep_going: bool = False, undo_failed: bool = True,
             on_node: Callable[[NodeRun], None] | None = None,
-            hooks: dict[str, Hooks] | None = None, after_interrupt: bool = False) -> list[NodeRun]:
+            hooks: dict[str, Hooks] | None = None, after_interrupt: bool = False,
+            pauses: Pauses | None = None) -> list[NodeRun]:
     """Apply every plan that has writes (see the module docstring for the order).
 
     ``hooks`` (per node): after the write, restart and wait until healthy; a failure
@@ -99,12 +106,13 @@ def execute(store: Store, plans: list[NodePlan], record: Record, health: str | N
     there: ``cancelled``), undoes by the compare-and-swap rule the nodes already written,
     records the outcome and returns; the caller then raises the interrupt.
     ``after_interrupt``: an undo of what an interrupted command wrote, run in full.
+    ``pauses``: where to hold the run (see ``Pauses``).
     """
     busy = [p for p in plans if p.writes]
     if not busy:
         return []
     runs = Execution(store, busy, record, health, health_timeout, keep_going, undo_failed, hooks,
-                     after_interrupt).run()
+                     after_interrupt, pauses or Pauses()).run()
     for run in runs:
         if on_node:
             on_node(run)
@@ -126,12 +134,14 @@ class Execution:
     undo_failed: bool = True
     hooks: dict[str, Hooks] | None = None
     after_interrupt: bool = False
+    pauses: Pauses = field(default_factory=Pauses)
     runs: dict[str, NodeRun] = field(init=False)
     wrote_of: dict[str, dict[str, Entry | None]] = field(init=False)  # what each plan writes (None: deletes)
     restore_of: dict[str, Any] = field(default_factory=dict)  # each record's restore point
     stop: threading.Event = field(default_factory=threading.Event)  # a node failed
     undone: set[str] = field(default_factory=set)
-    answered: set[str] = field(default_factory=set)  # nodes whose write reply came: they wrote exactly run.written/deleted
+    # Nodes whose write reply came: they wrote exactly run.written/deleted.
+    answered: set[str] = field(default_factory=set)
     interrupted: bool = False
 
     def __post_init__(self) -> None:
@@ -200,13 +210,14 @@ class Execution:
         try:
             if plan.transport is None:
                 plan.transport = open_node(plan.spec)
-            result = write_node(self.store, plan.transport, plan.spec, plan.steps, abortable=not self.after_interrupt)
+            result = write_node(self.store, plan.transport, plan.spec, plan.steps, abortable=not self.after_interrupt,
+                                on_sent=self.pauses.sent)
             run.written, run.deleted, run.bytecode_removed = result.written, result.deleted, result.bytecode_removed
             self.answered.add(plan.node)
             if result.error is not None:
                 raise result.error
-            if os.environ.get(PAUSE_WRITTEN_ENV):
-                interrupt.pause(float(os.environ[PAUSE_WRITTEN_ENV]))
+            if self.pauses.written is not None:
+                self.pauses.written(plan.node)
             if self.health:
                 run.health = run_health(plan.transport, plan.spec, self.health, self.health_timeout)
             if self.hooks and self.hooks.get(plan.node):
@@ -232,7 +243,8 @@ class Execution:
         if plan.node in self.answered:  # else (a connection lost mid-write) any planned path may be written
             wrote = {path: wrote[path] for path in run.written + run.deleted}
         try:
-            left = undo_node(self.store, plan, wrote, self.store.manifest(str(run.before))) if wrote else []
+            left = undo_node(self.store, plan, wrote, self.store.manifest(str(run.before)),
+                             self.pauses.sent) if wrote else []
         except SnapverError as exc:
             run.rollback_error, run.state = exc, "failed"
             return
