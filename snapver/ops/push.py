@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from snapver import interrupt
-from snapver.config import Config, NodeSpec
+from snapver.config import Config, NodeSpec, parse_waves
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
@@ -66,6 +66,31 @@ class PushPlan:
     def nothing_to_do(self) -> bool:
         return not self.errors and not self.conflicts and not any(n.writes for n in self.nodes)
 
+    @property
+    def exit_code(self) -> int:
+        """The exit code of a push that stops at this plan (a dry run, or a refusal)."""
+        if self.conflicts or self.refused_broken:
+            return 1
+        return max((n.error.exit_code for n in self.errors if n.error), default=0)
+
+    def refusal(self, keep_going: bool = False) -> SnapverError | None:
+        """Why this plan may not be written: conflicts (unless it was made with ``force``),
+        broken files, or unreachable nodes (unless ``keep_going``); None when it may."""
+        if self.conflicts:
+            nodes = sorted({node for node, _ in self.conflicts})
+            return ConflictError(f"push refused: {len(self.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
+                                 "no node was changed", hint="--force overwrites them (rollback can undo it)")
+        if self.refused_broken:
+            return ConflictError(f"push refused: {len(self.broken)} file(s) would land broken: "
+                                 + "; ".join(str(b) for b in self.broken) + "; no node was changed",
+                                 hint=f"fix them (`snapver patch new {self.patch.name}`, edit, `snapver patch save "
+                                 f"{self.patch.name}`); --allow-broken pushes them anyway (recorded)")
+        if self.errors and not keep_going:
+            first = self.errors[0].error
+            assert first is not None
+            return type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
+        return None
+
     def close(self) -> None:
         for node in self.nodes:
             node.close()
@@ -111,6 +136,18 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[s
         plan.error = exc
         plan.close()
     return plan
+
+
+def push_waves(config: Config, waves: str | None, rollback_all: bool = False) -> str | None:
+    """The waves of a push: ``waves`` (the command line's), else the config's; a bad spec,
+    or ``rollback_all`` without waves, is refused before any node is asked."""
+    spec = waves if waves is not None else config.waves
+    if spec is not None:
+        parse_waves(spec)
+    elif rollback_all:
+        raise UsageError("--rollback-all rolls back the finished waves of a push in waves",
+                         hint="add --waves SPEC (or set waves in [defaults])")
+    return spec
 
 
 def _check_newest_version(store: Store, config: Config, patch: Patch) -> None:
@@ -203,19 +240,9 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
     was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
     per node, restart and health checks after writing (see ``ops/hooks.hooks_for``);
     ``pauses``: where to hold the writes (``ops/run.Pauses``)."""
-    if plan.conflicts:
-        nodes = sorted({node for node, _ in plan.conflicts})
-        raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
-                            "no node was changed", hint="--force overwrites them (rollback can undo it)")
-    if plan.refused_broken:
-        raise ConflictError(f"push refused: {len(plan.broken)} file(s) would land broken: "
-                            + "; ".join(str(b) for b in plan.broken) + "; no node was changed",
-                            hint=f"fix them (`snapver patch new {plan.patch.name}`, edit, `snapver patch save "
-                            f"{plan.patch.name}`); --allow-broken pushes them anyway (recorded)")
-    if plan.errors and not keep_going:
-        first = plan.errors[0].error
-        assert first is not None
-        raise type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
+    refusal = plan.refusal(keep_going)
+    if refusal is not None:
+        raise refusal
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
                                                      "base": patch.base, "health": health, "force": plan.force,
@@ -282,8 +309,9 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     overrides whether the finished waves are rolled back (None: unless ``keep_going``).
     ``between(next_wave_index, its nodes)`` may stop the push between waves (False): no
     node failed, so the finished waves stay patched."""
-    if plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
-        apply_push(store, plan)  # raises the refusal
+    refusal = plan.refusal(keep_going)
+    if refusal is not None:
+        raise refusal
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {
         "patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None, "force": plan.force,

@@ -42,6 +42,15 @@ class RollbackPlan:
     def nothing_to_do(self) -> bool:
         return not self.node.writes
 
+    def refusal(self) -> ConflictError | None:
+        """Files changed since the push wrote them refuse the rollback (None: it may go on)."""
+        if not self.node.conflicts:
+            return None
+        paths = [step.path for step in self.node.conflicts]
+        return ConflictError(f"rollback refused: {len(paths)} file(s) on {self.node.node} changed since the push "
+                             f"wrote them: {first_of(paths)}; nothing was written",
+                             hint=f"see them with `snapver diff {self.node.node}`; --force restores them anyway")
+
     def close(self) -> None:
         self.node.close()
 
@@ -159,11 +168,9 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
     restart and health checks after writing (a failure is reported; the restored files stay).
     ``after_interrupt``: undoing what an interrupted command wrote: run in full. ``pauses``:
     where to hold the writes (``ops/run.Pauses``)."""
-    if plan.node.conflicts:
-        paths = [step.path for step in plan.node.conflicts]
-        raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
-                            f"wrote them: {first_of(paths)}; nothing was written",
-                            hint=f"see them with `snapver diff {plan.node.node}`; --force restores them anyway")
+    refusal = plan.refusal()
+    if refusal is not None:
+        raise refusal
     record = Record("rollback", f"rollback to {plan.target[:10]}", {"target": plan.target, "reason": plan.reason,
                                                                     "patch": None})
     if plan.nothing_to_do:
@@ -223,6 +230,19 @@ def plan_rollbacks(store: Store, config: Config, targets: list[str], to: str | N
     return plans
 
 
+def rollbacks_refusal(plans: list[RollbackPlan]) -> ConflictError | None:
+    """Files changed since the push wrote them, on any node, refuse every rollback (None:
+    they may go on); its exit code is the plans' own."""
+    conflicted = [plan for plan in plans if plan.node.conflicts]
+    if not conflicted:
+        return None
+    paths = [f"{plan.node.node}:{step.path}" for plan in conflicted for step in plan.node.conflicts]
+    return ConflictError(f"rollback refused: {len(paths)} file(s) changed since the push wrote them: "
+                         f"{first_of(paths)}; nothing was written",
+                         hint=f"see them with `snapver diff {conflicted[0].node.node}`; --force restores them "
+                              "anyway")
+
+
 def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Hooks] | None = None,
                     waves: str | None = None, between: Callable[[int, list[str]], bool] | None = None,
                     on_wave: Callable[[int, list[NodeRun]], None] | None = None,
@@ -232,13 +252,9 @@ def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Ho
     the rollout, later waves untouched and recorded "cancelled"). One node's failure never
     undoes another node's rollback. Refuses, with nothing written, when any plan has
     conflicts; a plan with nothing to write only closes an interrupted push's record."""
-    conflicted = [plan for plan in plans if plan.node.conflicts]
-    if conflicted:
-        paths = [f"{plan.node.node}:{step.path}" for plan in conflicted for step in plan.node.conflicts]
-        raise ConflictError(f"rollback refused: {len(paths)} file(s) changed since the push wrote them: "
-                            f"{first_of(paths)}; nothing was written",
-                            hint=f"see them with `snapver diff {conflicted[0].node.node}`; --force restores them "
-                                 "anyway")
+    refusal = rollbacks_refusal(plans)
+    if refusal is not None:
+        raise refusal
     result = RollbacksResult(plans)
     for plan in plans:
         if plan.nothing_to_do and plan.interrupted is not None:
