@@ -25,6 +25,7 @@ from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
+from snapver.ops.rollback import apply_rollback, plan_rollback
 from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
@@ -337,8 +338,6 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
     written; recorded; restarted by the hooks). A node that cannot be rolled back gets a
     failed run saying why; one already restored needs nothing and gets a ``done`` run with
     no record."""
-    from snapver.ops.rollback import apply_rollback, plan_rollback
-
     undone = []
     finished = {node for wave in result.waves[:result.finished] for node in wave}
     for run in result.nodes:
