@@ -10,12 +10,13 @@ import typer
 from snapver import interrupt
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, DryRunOpt, JsonOpt, YesOpt, node_args
-from snapver.cli.render import console, emit_json, escape, show_path
 from snapver.cli.state import STATE
+from snapver.cli.render import console, emit_json, escape, show_path
 
 if TYPE_CHECKING:
-    from snapver.ops.plan import NodePlan, NodeRun
-    from snapver.ops.push import PushResult
+    from snapver.ops.plan import NodePlan
+    from snapver.ops.push import PushPlan, PushResult
+    from snapver.ops.run import NodeRun, Pauses
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
@@ -155,6 +156,15 @@ def render_patched(result: "PushResult") -> None:
                                    f"(`snapver rollback {escape(names.replace(', ', ' '))}` undoes it)")
 
 
+def _test_pauses() -> "Pauses":
+    """Where a test holds this process's writes, from its environment (``snapver/testhooks.py``,
+    the one reader of those variables); no pause outside the tests."""
+    from snapver import testhooks
+    from snapver.ops.run import Pauses
+
+    return Pauses(testhooks.pause_after_files(), testhooks.pause_after_write())
+
+
 def confirm(yes: bool, question: str) -> bool:
     """Ask on a terminal; without one, only ``--yes`` allows writing."""
     from snapver.errors import UsageError
@@ -208,46 +218,32 @@ def push(
       snapver push fix-attn tp8 --health "python -c 'import sglang'"
       snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
-    from snapver.config import parse_waves
+    from snapver.ops.hooks import hooks_for
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, apply_push_waves, hooks_for, plan_push
+    from snapver.ops.push import apply_push, apply_push_waves, plan_push, push_waves
 
     config = STATE.config()
-    waves_spec = waves if waves is not None else config.waves
-    if waves_spec is not None:
-        parse_waves(waves_spec)  # a bad spec is refused before any node is asked
-    elif rollback_all:
-        from snapver.errors import UsageError
-
-        raise UsageError("--rollback-all rolls back the finished waves of a push in waves",
-                         hint="add --waves SPEC (or set waves in [defaults])")
+    waves_spec = push_waves(config, waves, rollback_all)
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
         if not json_out:
-            names = ", ".join(n.node for n in plan.nodes)
-            out.print(f"push {escape(patch)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
-                      f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))
-            for node in plan.nodes:
-                render_node_plan(node)
-            for broken in plan.broken:
-                label = "[yellow]broken, pushed anyway[/yellow]" if plan.allow_broken else "[red]broken[/red]"
-                out.print(f"{label}: {escape(str(broken))}")
+            _render_push_plan(plan, patch, dry_run)
         if plan.nothing_to_do:
             if json_out:
                 emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": 0})
             else:
                 out.print("nothing to do: every node already has the patch; nothing recorded")
             return 0
-        if dry_run or plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
+        if dry_run or plan.refusal(keep_going) is not None:
             if json_out:
-                code = 1 if plan.conflicts or plan.refused_broken else max((n.error.exit_code for n in plan.errors if n.error), default=0)
-                emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": code})
-            if dry_run and not plan.conflicts and not plan.errors and not plan.refused_broken:
-                if not json_out:
-                    out.print("dry run: nothing written")
-                return 0
-            apply_push(store, plan)  # raises the refusal (conflicts, broken files or an unreachable node)
+                emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": plan.exit_code})
+            refusal = plan.refusal()
+            if refusal is not None:
+                raise refusal  # conflicts, broken files or an unreachable node
+            if not json_out:
+                out.print("dry run: nothing written")
+            return 0
         writes = sum(len(n.writes) for n in plan.nodes)
         busy = [n.node for n in plan.nodes if n.writes]
         if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):
@@ -258,23 +254,39 @@ def push(
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
                                       on_wave=None if json_out else _render_wave,
-                                      roll_back_finished=True if rollback_all else None)
+                                      roll_back_finished=True if rollback_all else None, pauses=_test_pauses())
         else:
-            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks)
+            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses())
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes, store)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
-    elif waves_spec is not None:
+    else:
+        _render_push_result(result, stale, in_waves=waves_spec is not None)
+    interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
+    return result.exit_code
+
+
+def _render_push_plan(plan: "PushPlan", name: str, dry_run: bool) -> None:
+    out = console()
+    names = ", ".join(n.node for n in plan.nodes)
+    out.print(f"push {escape(name)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
+              f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))
+    for node in plan.nodes:
+        render_node_plan(node)
+    for broken in plan.broken:
+        label = "[yellow]broken, pushed anyway[/yellow]" if plan.allow_broken else "[red]broken[/red]"
+        out.print(f"{label}: {escape(str(broken))}")
+
+
+def _render_push_result(result: "PushResult", stale: list, in_waves: bool) -> None:
+    if in_waves:
         _render_waves_end(result)
-        render_stale(stale, "push")
     else:
         for run in result.nodes:
             render_run(run)
         if result.exit_code:
             render_patched(result)
-        render_stale(stale, "push")
-    interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
-    return result.exit_code
+    render_stale(stale, "push")
 
 
 @app.command()
@@ -313,8 +325,8 @@ def rollback(
     """
     from snapver.config import parse_waves
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import hooks_for
-    from snapver.ops.rollback import apply_rollbacks, plan_rollbacks
+    from snapver.ops.hooks import hooks_for
+    from snapver.ops.rollback import apply_rollbacks, plan_rollbacks, rollbacks_refusal
 
     if waves is not None:
         parse_waves(waves)  # a bad spec is refused before any node is asked
@@ -326,19 +338,12 @@ def rollback(
     single = len(plans) == 1 and waves is None
     try:
         if not json_out:
-            for plan in plans:
-                out.print(f"rollback {escape(plan.node.node)} to {plan.target[:10]} ({escape(plan.reason)})"
-                          + (" — dry run" if dry_run else ""))
-                if plan.interrupted is not None:
-                    out.print(f"{escape(plan.node.node)}: repairs the interrupted {plan.interrupted.action} of "
-                              f"{escape(str(plan.interrupted.patch or '-'))} "
-                              f"({plan.interrupted.time:%Y-%m-%d %H:%M})")
-                render_node_plan(plan.node)
-        conflicted = any(plan.node.conflicts for plan in plans)
-        if conflicted and not dry_run:
+            _render_rollback_plans(plans, dry_run)
+        refusal = rollbacks_refusal(plans)
+        if refusal is not None and not dry_run:
             if json_out:
-                emit_json(_rollback_json(plans, single, dry_run=False, exit_code=1))
-            apply_rollbacks(store, plans)  # raises the refusal
+                emit_json(_rollback_json(plans, single, dry_run=False, exit_code=refusal.exit_code))
+            raise refusal
         quiet = all(plan.nothing_to_do and plan.interrupted is None for plan in plans)
         if dry_run or quiet:
             if json_out:
@@ -359,7 +364,7 @@ def rollback(
                           health_timeout)
         result = apply_rollbacks(store, plans, hooks, waves,
                                  between=lambda index, names: _between_waves(index, names, pause, yes),
-                                 on_wave=None if json_out else _render_wave)
+                                 on_wave=None if json_out else _render_wave, pauses=_test_pauses())
         written = [run for run in result.runs if run.written or run.deleted]
         stale = [] if interrupt.requested() else stale_after_write([plan.node for plan in plans], written, store)
     finally:
@@ -369,17 +374,33 @@ def rollback(
         document = _rollback_json(plans, single, dry_run=False, exit_code=result.exit_code, result=result)
         emit_json({**document, "still_running_old": [s.to_json() for s in stale]})
     else:
-        for plan in plans:
-            run = result.run_of(plan.node.node)
-            if run is not None and plan.nothing_to_do:
-                out.print(f"{escape(plan.node.node)}: nothing to restore; the interrupted push is marked repaired")
-            elif run is not None and result.waves is None:
-                render_run(run)
-        if result.waves is not None:
-            _render_waves_end(result.waves, "rollback")
-        render_stale(stale, "rollback")
+        _render_rollback_result(plans, result, stale)
     interrupt.check()
     return result.exit_code
+
+
+def _render_rollback_plans(plans: "list[RollbackPlan]", dry_run: bool) -> None:
+    out = console()
+    for plan in plans:
+        out.print(f"rollback {escape(plan.node.node)} to {plan.target[:10]} ({escape(plan.reason)})"
+                  + (" — dry run" if dry_run else ""))
+        if plan.interrupted is not None:
+            out.print(f"{escape(plan.node.node)}: repairs the interrupted {plan.interrupted.action} of "
+                      f"{escape(str(plan.interrupted.patch or '-'))} "
+                      f"({plan.interrupted.time:%Y-%m-%d %H:%M})")
+        render_node_plan(plan.node)
+
+
+def _render_rollback_result(plans: "list[RollbackPlan]", result: "RollbacksResult", stale: list) -> None:
+    for plan in plans:
+        run = result.run_of(plan.node.node)
+        if run is not None and plan.nothing_to_do:
+            console().print(f"{escape(plan.node.node)}: nothing to restore; the interrupted push is marked repaired")
+        elif run is not None and result.waves is None:
+            render_run(run)
+    if result.waves is not None:
+        _render_waves_end(result.waves, "rollback")
+    render_stale(stale, "rollback")
 
 
 def _rollback_json(plans: "list[RollbackPlan]", single: bool, dry_run: bool, exit_code: int,

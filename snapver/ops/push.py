@@ -5,7 +5,7 @@ equals the patch is skipped, one that equals the base is written, anything else 
 conflict and refuses the whole push before any node is written (``force`` overwrites
 instead). A file that would land broken — unresolved conflict markers, or a ``.py`` file
 the node's own Python does not compile — refuses it too (``allow_broken`` overrides,
-``force`` does not). Apply: the shared path in ``ops/plan.py`` (records, snapshots, atomic
+``force`` does not). Apply: the shared path in ``ops/run.py`` (records, snapshots, atomic
 writes, health check, roll back on failure).
 """
 
@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from snapver import interrupt
-from snapver.config import Config, NodeSpec
+from snapver.config import Config, NodeSpec, parse_waves
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
-from snapver.model import FILE, LINK
+from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
-from snapver.ops.patch import Patch, PatchFile, load_patch, unseen_versions
-from snapver.ops.plan import (CONFLICT, DELETE, SKIP, WRITE, MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun,
-                              PushState, Record, Step, check_paths, execute, newest_record, open_node, within)
+from snapver.ops.patch import Patch, load_patch, unseen_versions
+from snapver.ops.hooks import Hooks
+from snapver.ops.ledger import PushState, Record, newest_record
+from snapver.ops.nodeio import check_paths, open_node
+from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.rollback import apply_rollback, plan_rollback
+from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
@@ -64,6 +67,31 @@ class PushPlan:
     def nothing_to_do(self) -> bool:
         return not self.errors and not self.conflicts and not any(n.writes for n in self.nodes)
 
+    @property
+    def exit_code(self) -> int:
+        """The exit code of a push that stops at this plan (a dry run, or a refusal)."""
+        if self.conflicts or self.refused_broken:
+            return 1
+        return max((n.error.exit_code for n in self.errors if n.error), default=0)
+
+    def refusal(self, keep_going: bool = False) -> SnapverError | None:
+        """Why this plan may not be written: conflicts (unless it was made with ``force``),
+        broken files, or unreachable nodes (unless ``keep_going``); None when it may."""
+        if self.conflicts:
+            nodes = sorted({node for node, _ in self.conflicts})
+            return ConflictError(f"push refused: {len(self.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
+                                 "no node was changed", hint="--force overwrites them (rollback can undo it)")
+        if self.refused_broken:
+            return ConflictError(f"push refused: {len(self.broken)} file(s) would land broken: "
+                                 + "; ".join(str(b) for b in self.broken) + "; no node was changed",
+                                 hint=f"fix them (`snapver patch new {self.patch.name}`, edit, `snapver patch save "
+                                 f"{self.patch.name}`); --allow-broken pushes them anyway (recorded)")
+        if self.errors and not keep_going:
+            first = self.errors[0].error
+            assert first is not None
+            return type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
+        return None
+
     def close(self) -> None:
         for node in self.nodes:
             node.close()
@@ -81,29 +109,6 @@ class PushPlan:
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
-def classify(item: PatchFile, live: Live | None, force: bool) -> Step:
-    """Equal to the patch: skip; equal to the base: write; else a conflict (or, forced, write)."""
-    with_mode = item.mode_changed
-    # A content change keeps the node's own permission bits; a mode change sets them.
-    keep_mode = item.base is not None and item.patch is not None and item.base.kind == FILE and not with_mode
-    action = WRITE if item.patch is not None else DELETE
-    if (live is None and item.patch is None) or (live is not None and live.matches(item.patch, with_mode)):
-        return Step(item.path, SKIP, live, item.patch, note="already patched")
-    if (live is None and item.base is None) or (live is not None and live.matches(item.base, with_mode)):
-        return Step(item.path, action, live, item.patch, keep_mode=keep_mode,
-                    note={WRITE: "add" if item.base is None else "patch", DELETE: "delete"}[action])
-    if live is None:
-        why = "missing on the node"
-    elif live.kind not in (FILE, LINK):
-        why = "not a file on the node"
-    elif item.base is None:
-        why = "already exists on the node with other content"
-    else:
-        why = "modified on the node (neither the base nor the patch)"
-    if force:
-        keep = keep_mode and live is not None and live.kind == FILE
-        return Step(item.path, action, live, item.patch, keep_mode=keep, note=f"forced: {why}", forced=True)
-    return Step(item.path, CONFLICT, live, item.patch, note=why)
 
 
 def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[str, bytes],
@@ -132,6 +137,18 @@ def _plan_node(patch: Patch, spec: NodeSpec, force: bool, python_sources: dict[s
         plan.error = exc
         plan.close()
     return plan
+
+
+def push_waves(config: Config, waves: str | None, rollback_all: bool = False) -> str | None:
+    """The waves of a push: ``waves`` (the command line's), else the config's; a bad spec,
+    or ``rollback_all`` without waves, is refused before any node is asked."""
+    spec = waves if waves is not None else config.waves
+    if spec is not None:
+        parse_waves(spec)
+    elif rollback_all:
+        raise UsageError("--rollback-all rolls back the finished waves of a push in waves",
+                         hint="add --waves SPEC (or set waves in [defaults])")
+    return spec
 
 
 def _check_newest_version(store: Store, config: Config, patch: Patch) -> None:
@@ -219,23 +236,14 @@ class PushResult:
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
                keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
-               hooks: dict[str, Hooks] | None = None) -> PushResult:
-    """Write the plan (see ``ops/plan.execute``). Refuses a plan with conflicts (unless it
+               hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None) -> PushResult:
+    """Write the plan (see ``ops/run.execute``). Refuses a plan with conflicts (unless it
     was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
-    per node, restart and health checks after writing (see ``hooks_for``)."""
-    if plan.conflicts:
-        nodes = sorted({node for node, _ in plan.conflicts})
-        raise ConflictError(f"push refused: {len(plan.conflicts)} conflicting file(s) on {', '.join(nodes)}; "
-                            "no node was changed", hint="--force overwrites them (rollback can undo it)")
-    if plan.refused_broken:
-        raise ConflictError(f"push refused: {len(plan.broken)} file(s) would land broken: "
-                            + "; ".join(str(b) for b in plan.broken) + "; no node was changed",
-                            hint=f"fix them (`snapver patch new {plan.patch.name}`, edit, `snapver patch save "
-                            f"{plan.patch.name}`); --allow-broken pushes them anyway (recorded)")
-    if plan.errors and not keep_going:
-        first = plan.errors[0].error
-        assert first is not None
-        raise type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
+    per node, restart and health checks after writing (see ``ops/hooks.hooks_for``);
+    ``pauses``: where to hold the writes (``ops/run.Pauses``)."""
+    refusal = plan.refusal(keep_going)
+    if refusal is not None:
+        raise refusal
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {"patch": patch.name, "patch_commit": patch.commit,
                                                      "base": patch.base, "health": health, "force": plan.force,
@@ -243,7 +251,8 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
                                                      **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}}
                                                         if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None]
-    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks)
+    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks,
+                   pauses=pauses)
     return PushResult(plan, runs)
 
 
@@ -252,26 +261,6 @@ def _broken_meta(plan: PushPlan) -> dict[str, Any]:
     if not plan.allow_broken:
         return {}
     return {"allow_broken": True, "broken": [str(b) for b in plan.broken]}
-
-
-def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: bool = False,
-              health: str | None = None, health_url: str | None = None,
-              timeout: float | None = None) -> dict[str, Hooks]:
-    """Each node's hooks: its config's ``restart``, ``health``, ``health_url`` and
-    ``health_timeout``, each overridden by the command line's when given (``no_restart``:
-    no restart whatever the config says). A bad ``health_url`` is a usage error."""
-    from snapver.config import url_problem
-
-    if health_url is not None and url_problem(health_url):
-        raise UsageError(f"--health-url: {url_problem(health_url)}")
-    if restart is not None and not restart.strip():
-        raise UsageError("--restart: expected a shell command, got an empty string", hint="--no-restart skips it")
-    found = {}
-    for spec in specs:
-        found[spec.name] = Hooks(restart=None if no_restart else (restart or spec.restart),
-                                 health=health or spec.health, health_url=health_url or spec.health_url,
-                                 timeout=timeout if timeout is not None else spec.health_timeout)
-    return found
 
 
 # -- canary waves -----------------------------------------------------------------------
@@ -310,7 +299,7 @@ class WavesResult(PushResult):
 def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
                      keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
                      on_wave: Callable[[int, list[NodeRun]], None] | None = None,
-                     roll_back_finished: bool | None = None) -> WavesResult:
+                     roll_back_finished: bool | None = None, pauses: Pauses | None = None) -> WavesResult:
     """Write the plan wave by wave (see ``ops/waves.run_waves``): each wave is written,
     restarted and health-checked (``execute``) before the next begins. A failed node
     rolls back its wave and the waves that finished before it, unless ``keep_going``
@@ -321,15 +310,16 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     overrides whether the finished waves are rolled back (None: unless ``keep_going``).
     ``between(next_wave_index, its nodes)`` may stop the push between waves (False): no
     node failed, so the finished waves stay patched."""
-    if plan.conflicts or plan.refused_broken or (plan.errors and not keep_going):
-        apply_push(store, plan)  # raises the refusal
+    refusal = plan.refusal(keep_going)
+    if refusal is not None:
+        raise refusal
     patch = plan.patch
     record = Record("push", f"push {patch.name}", {
         "patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None, "force": plan.force,
         **_broken_meta(plan), **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}} if hooks else {})})
     ready = [n for n in plan.nodes if n.error is None and n.writes]
     outcome = run_waves(store, ready, spec, record,
-                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks),
+                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks, pauses=pauses),
                         between, on_wave)
     result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec, why=outcome.why)
     if roll_back_finished is None:
@@ -337,12 +327,12 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     if outcome.why in (FAILED, INTERRUPTED) and roll_back_finished:
         # In order, to the end: an interrupt's cut of busy connections must not reach these.
         with interrupt.deferred():
-            result.rolled_back = roll_back_finished_waves(store, config, result, hooks)
+            result.rolled_back = roll_back_finished_waves(store, config, result, hooks, pauses)
     return result
 
 
 def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
-                             hooks: dict[str, Hooks] | None = None) -> list[NodeRun]:
+                             hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None) -> list[NodeRun]:
     """After a push in waves failed, undo it on the nodes of the waves that finished (each
     a real rollback: only the files the push wrote, each only while it still holds what was
     written; recorded; restarted by the hooks). A node that cannot be rolled back gets a
@@ -355,7 +345,7 @@ def roll_back_finished_waves(store: Store, config: Config, result: WavesResult,
             continue
         try:
             with plan_rollback(store, config, run.node) as plan:
-                done = apply_rollback(store, plan, hooks, after_interrupt=interrupt.requested())
+                done = apply_rollback(store, plan, hooks, after_interrupt=interrupt.requested(), pauses=pauses)
         except SnapverError as exc:
             done = NodeRun(run.node, "failed", error=exc)
         undone.append(done if done is not None else NodeRun(run.node, "done"))

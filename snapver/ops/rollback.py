@@ -15,9 +15,12 @@ from typing import Any, Callable
 from snapver.config import Config
 from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
-from snapver.ops.plan import MAX_PARALLEL, Hooks, Live, NodePlan, NodeRun, PushState, Record, check_paths, execute, \
-    first_of, last_push, newest_record, open_node, restore_steps, undo_steps, within, write_records
+from snapver.ops.hooks import Hooks
+from snapver.ops.ledger import PushState, Record, last_push, newest_record, write_records
+from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.live import list_live
+from snapver.ops.plan import MAX_PARALLEL, Live, NodePlan, first_of, restore_steps, undo_steps, within
+from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
 from snapver.ops.waves import WavesOutcome, run_waves
 from snapver.refs import resolve_snapshot
@@ -39,6 +42,15 @@ class RollbackPlan:
     @property
     def nothing_to_do(self) -> bool:
         return not self.node.writes
+
+    def refusal(self) -> ConflictError | None:
+        """Files changed since the push wrote them refuse the rollback (None: it may go on)."""
+        if not self.node.conflicts:
+            return None
+        paths = [step.path for step in self.node.conflicts]
+        return ConflictError(f"rollback refused: {len(paths)} file(s) on {self.node.node} changed since the push "
+                             f"wrote them: {first_of(paths)}; nothing was written",
+                             hint=f"see them with `snapver diff {self.node.node}`; --force restores them anyway")
 
     def close(self) -> None:
         self.node.close()
@@ -150,16 +162,15 @@ def _undo_push_steps(node: NodePlan, wrote: dict[str, Entry | None], before: Man
 
 
 def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | None = None,
-                   after_interrupt: bool = False) -> NodeRun | None:
+                   after_interrupt: bool = False, pauses: Pauses | None = None) -> NodeRun | None:
     """Write the plan; with nothing to write, only close an interrupted push's record.
     Refuses a plan with conflicts (files changed since the push wrote them). ``hooks``:
     restart and health checks after writing (a failure is reported; the restored files stay).
-    ``after_interrupt``: undoing what an interrupted command wrote: run in full."""
-    if plan.node.conflicts:
-        paths = [step.path for step in plan.node.conflicts]
-        raise ConflictError(f"rollback refused: {len(paths)} file(s) on {plan.node.node} changed since the push "
-                            f"wrote them: {first_of(paths)}; nothing was written",
-                            hint=f"see them with `snapver diff {plan.node.node}`; --force restores them anyway")
+    ``after_interrupt``: undoing what an interrupted command wrote: run in full. ``pauses``:
+    where to hold the writes (``ops/run.Pauses``)."""
+    refusal = plan.refusal()
+    if refusal is not None:
+        raise refusal
     record = Record("rollback", f"rollback to {plan.target[:10]}", {"target": plan.target, "reason": plan.reason,
                                                                     "patch": None})
     if plan.nothing_to_do:
@@ -170,7 +181,8 @@ def apply_rollback(store: Store, plan: RollbackPlan, hooks: dict[str, Hooks] | N
             commit = write_records(store, record, [{"node": plan.node.node, "state": "done", "tree": head,
                                                     "before": head, "after": head, "written": 0, "deleted": 0}])
         return NodeRun(plan.node.node, "done", head, head, commit[plan.node.node])
-    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks, after_interrupt=after_interrupt)
+    runs = execute(store, [plan.node], record, undo_failed=False, hooks=hooks, after_interrupt=after_interrupt,
+                   pauses=pauses)
     return runs[0]
 
 
@@ -218,21 +230,31 @@ def plan_rollbacks(store: Store, config: Config, targets: list[str], to: str | N
     return plans
 
 
+def rollbacks_refusal(plans: list[RollbackPlan]) -> ConflictError | None:
+    """Files changed since the push wrote them, on any node, refuse every rollback (None:
+    they may go on); its exit code is the plans' own."""
+    conflicted = [plan for plan in plans if plan.node.conflicts]
+    if not conflicted:
+        return None
+    paths = [f"{plan.node.node}:{step.path}" for plan in conflicted for step in plan.node.conflicts]
+    return ConflictError(f"rollback refused: {len(paths)} file(s) changed since the push wrote them: "
+                         f"{first_of(paths)}; nothing was written",
+                         hint=f"see them with `snapver diff {conflicted[0].node.node}`; --force restores them "
+                              "anyway")
+
+
 def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Hooks] | None = None,
                     waves: str | None = None, between: Callable[[int, list[str]], bool] | None = None,
-                    on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> RollbacksResult:
+                    on_wave: Callable[[int, list[NodeRun]], None] | None = None,
+                    pauses: Pauses | None = None) -> RollbacksResult:
     """Write every plan: all at once, or in ``waves`` (see ``ops/waves.run_waves``: each
     wave restored, restarted and health-checked before the next; a node that fails stops
     the rollout, later waves untouched and recorded "cancelled"). One node's failure never
     undoes another node's rollback. Refuses, with nothing written, when any plan has
     conflicts; a plan with nothing to write only closes an interrupted push's record."""
-    conflicted = [plan for plan in plans if plan.node.conflicts]
-    if conflicted:
-        paths = [f"{plan.node.node}:{step.path}" for plan in conflicted for step in plan.node.conflicts]
-        raise ConflictError(f"rollback refused: {len(paths)} file(s) changed since the push wrote them: "
-                            f"{first_of(paths)}; nothing was written",
-                            hint=f"see them with `snapver diff {conflicted[0].node.node}`; --force restores them "
-                                 "anyway")
+    refusal = rollbacks_refusal(plans)
+    if refusal is not None:
+        raise refusal
     result = RollbacksResult(plans)
     for plan in plans:
         if plan.nothing_to_do and plan.interrupted is not None:
@@ -249,7 +271,7 @@ def apply_rollbacks(store: Store, plans: list[RollbackPlan], hooks: dict[str, Ho
 
     def run_wave(wave: list[NodePlan]) -> list[NodeRun]:
         # keep_going: a node that fails is no reason to put the push back on the others.
-        return execute(store, wave, record, keep_going=True, undo_failed=False, hooks=hooks)
+        return execute(store, wave, record, keep_going=True, undo_failed=False, hooks=hooks, pauses=pauses)
 
     if waves is None:
         result.runs.extend(run_wave([plan.node for plan in busy]))

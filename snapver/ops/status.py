@@ -27,7 +27,7 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.log import tags_by_commit
-from snapver.ops.plan import newest_record
+from snapver.ops.ledger import newest_record
 from snapver.ops.ps import processes_of
 from snapver.ops.live import request_live
 from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,

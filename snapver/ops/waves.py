@@ -18,7 +18,10 @@ from typing import Any, Callable
 from snapver import interrupt
 from snapver.config import parse_waves
 from snapver.errors import SnapverError, TransportError, UsageError
-from snapver.ops.plan import MAX_PARALLEL, NodePlan, NodeRun, Record, open_node, write_records
+from snapver.ops.ledger import Record, write_records
+from snapver.ops.nodeio import open_node
+from snapver.ops.plan import MAX_PARALLEL, NodePlan
+from snapver.ops.run import NodeRun
 from snapver.store import refs
 from snapver.store.repo import Store
 

@@ -12,8 +12,8 @@ import pytest
 
 from snapver.errors import StoreError
 from snapver.model import FILE, Entry
-from snapver.ops import plan
-from snapver.ops.plan import CHUNK, _contents
+from snapver.ops import nodeio
+from snapver.ops.nodeio import CHUNK, _contents
 from snapver.store.repo import BIG_BLOB, Store
 
 
@@ -74,7 +74,7 @@ def test_a_big_loose_blob_is_read_in_pieces_in_bounded_memory(tmp_path: Path) ->
               "    assert 0 < len(piece) <= 1 << 20\n    digest.update(piece)\n"
               "print(digest.hexdigest())\n")
     report = tmp_path / "peak"
-    package_root = Path(plan.__file__).resolve().parents[2]
+    package_root = Path(nodeio.__file__).resolve().parents[2]
     done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(report), sys.executable, "-c", script,
                            str(store.path), oid], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(package_root)})

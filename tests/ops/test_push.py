@@ -7,7 +7,7 @@ Expected trees are computed independently: `patch` applied by the test to copies
 the touched files, hashed with hashlib.
 
 Test hook: ``SNAPVER_TEST_PAUSE_AFTER_FILES=N`` makes a push sleep after sending N
-files to a node, so that a test can SIGKILL it half-way (see ``snapver/ops/plan.py``).
+files to a node, so that a test can SIGKILL it half-way (see ``snapver/testhooks.py``).
 """
 
 from __future__ import annotations
