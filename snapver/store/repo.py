@@ -34,6 +34,8 @@ from snapver.store.loose import Digest, LooseBlob, write_loose_blob
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
+# The kinds of commit whose tree is a manifest's files (a tag event's is not).
+MANIFEST_KINDS = ("snapshot", "patch", "push")
 IDENTITY = "snapver <snapver@localhost>"
 # The longest a git child may take to finish (or, when it streams objects, to answer the
 # next one) before it is killed: a damaged store (a loose object turned into a FIFO, a
@@ -626,6 +628,21 @@ class Store:
             importer.abort()
             raise
         importer.finish()
+
+
+def tree_disagreements(tree: dict[str, tuple[str, str]], manifest: Manifest) -> list[str]:
+    """How a commit's tree (``ls_tree``) and its manifest disagree, one sentence each; none
+    when the tree is exactly the manifest (a snapshot's files are what its manifest says)."""
+    problems = [f"{path!r} is in the tree but not the manifest" for path in sorted(set(tree) - set(manifest.entries))]
+    for entry in manifest:
+        if entry.path not in tree:
+            problems.append(f"{entry.path!r} is in the manifest but not the tree")
+            continue
+        mode, oid = tree[entry.path]
+        if oid != entry.oid or mode != entry.git_mode:
+            problems.append(f"{entry.path!r}: tree entry {mode} {oid[:10]} differs from the "
+                            f"manifest ({entry.git_mode} {entry.oid[:10]})")
+    return problems
 
 
 def _feed(pipe: Any, oids: list[str]) -> None:
