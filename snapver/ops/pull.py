@@ -32,7 +32,8 @@ from snapver.model import Entry, Manifest, StatEntry
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.gc import maybe_compact
-from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message, run_git
+from snapver.store.git import run_git
+from snapver.store.repo import ZERO_OID, Importer, Store, blob_oid, format_message
 from snapver.store.team import TeamView, moment_ns, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
