@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generator, Iterable, Iterator
 
 from snapver.errors import StoreError
-from snapver.model import MANIFEST_PATH, Manifest, is_git_id, quote_path
+from snapver.model import MANIFEST_PATH, Manifest, is_git_id
 from snapver.store import refs
 from snapver.store.gc import record_raw_bytes
 from snapver.store.git import GitStream, last_line, run_git
 from snapver.store.lock import store_is_locked, store_lock, unwritable_store
 from snapver.store.loose import Digest, LooseBlob, write_loose_blob
+from snapver.store.objects import ZERO_OID, blob_oid, commit_object, tree_objects
 from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
 
 META_PREFIX = "snapver-meta: "
 # The kinds of commit whose tree is a manifest's files (a tag event's is not).
 MANIFEST_KINDS = ("snapshot", "patch", "push")
-IDENTITY = "snapver <snapver@localhost>"
 # A blob above this size is read in pieces (``blob_chunks``, one git process each), never
 # whole, wherever its content is only passed on or sniffed: a 2 GB .so must not need 2 GB here.
 BIG_BLOB = 4 << 20
@@ -99,11 +99,6 @@ def _loose_blob_pieces(handle: BinaryIO, oid: str, chunk: int) -> Iterator[bytes
         raise damaged from exc
     if left != 0 or not inflate.eof:
         raise damaged
-
-
-def blob_oid(data: bytes) -> str:
-    """The git blob id of ``data`` (what ``git hash-object`` prints)."""
-    return object_id(BLOB_TYPE, data).hex()
 
 
 @dataclass(frozen=True)
@@ -501,9 +496,6 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
     return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
 
 
-ZERO_OID = "0" * 40
-
-
 class Importer:
     """Writes a session's new objects into one pack (``store/pack.py``), then moves its refs.
 
@@ -672,7 +664,7 @@ class Importer:
                 if not is_git_id(named):
                     raise StoreError(f"cannot record {ref}: parent {named!r} is not a commit id")
                 needed.add(named)
-            body = _commit_object(root, parent, message, when, also)
+            body = commit_object(root, parent, message, when, also)
             commit = object_id(COMMIT_TYPE, body).hex()
             objects[commit] = (COMMIT_TYPE, body)
             self.results[mark] = commit
@@ -723,74 +715,3 @@ class Importer:
 
     def _contains(self, commit: str, ancestor: str) -> bool:
         return run_git(self.store.path, "merge-base", "--is-ancestor", ancestor, commit).returncode == 0
-
-
-def tree_objects(leaves: Iterable[tuple[str, str, str]]) -> tuple[str, list[tuple[str, bytes]]]:
-    """The git trees holding ``leaves`` (path, git mode, hex blob id), as ``git write-tree`` makes them.
-
-    Returns the root tree's id and every tree as (id, content), subtrees first.
-    ValueError for a path git cannot keep (an empty, ``.`` or ``..`` part, a NUL) or one
-    that is both a file and a folder.
-    """
-    root: dict[bytes, Any] = {}
-    folders: dict[bytes, dict[bytes, Any]] = {b"": root}
-
-    def folder(path: bytes) -> dict[bytes, Any]:
-        node = folders.get(path)
-        if node is None:
-            parent, _, name = path.rpartition(b"/")
-            _check_name(name, path)
-            above = folder(parent)
-            node = above.setdefault(name, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"{_show(path)} is both a file and a folder")
-            folders[path] = node
-        return node
-
-    for path, mode, oid in leaves:
-        raw = path.encode("utf-8", "surrogateescape")
-        parent, _, name = raw.rpartition(b"/")
-        _check_name(name, raw)
-        node = folder(parent)
-        if name in node:
-            raise ValueError(f"{_show(raw)} is both a file and a folder" if isinstance(node[name], dict)
-                             else f"{_show(raw)} is named twice")
-        node[name] = (mode.encode(), bytes.fromhex(oid))
-
-    trees: list[tuple[str, bytes]] = []
-
-    def write(node: dict[bytes, Any]) -> bytes:
-        rows = []
-        for name, value in node.items():
-            if isinstance(value, dict):
-                rows.append((name + b"/", b"40000 %s\0%s" % (name, write(value))))
-            else:
-                rows.append((name, b"%s %s\0%s" % (value[0], name, value[1])))
-        rows.sort()
-        body = b"".join(row for _, row in rows)
-        oid = object_id(TREE_TYPE, body)
-        trees.append((oid.hex(), body))
-        return oid
-
-    return write(root).hex(), trees
-
-
-def _check_name(name: bytes, path: bytes) -> None:
-    if name in (b"", b".", b"..") or b"\0" in name:
-        raise ValueError(f"git cannot keep the path {_show(path)}")
-
-
-def _show(path: bytes) -> str:
-    return quote_path(path.decode("utf-8", "surrogateescape"))
-
-
-def _commit_object(tree: str, parent: str | None, message: str, when: datetime, also: tuple[str, ...] = ()) -> bytes:
-    """A commit as ``git fast-import`` writes one with only a committer (who is also the author)."""
-    stamp = int(when.timestamp())
-    offset = when.astimezone().utcoffset()
-    minutes = int(offset.total_seconds() // 60) if offset else 0
-    tz = f"{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
-    who = f"{IDENTITY} {stamp} {tz}"
-    parents = "".join(f"parent {p}\n" for p in (parent, *also) if p)
-    head = f"tree {tree}\n" + parents + f"author {who}\ncommitter {who}\n\n"
-    return head.encode() + message.encode("utf-8", "surrogateescape")

@@ -32,9 +32,10 @@ from typing import Any
 
 from snapver.errors import GitTimeoutError, RefError, RemoteError, StoreError
 from snapver.store import refs
-from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 from snapver.store.git import git_timeout, last_line, run_git
-from snapver.store.repo import MANIFEST_KINDS, ZERO_OID, Commit, Store, tree_disagreements
+from snapver.store.objects import ZERO_OID
+from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
+from snapver.store.repo import MANIFEST_KINDS, Commit, Store, tree_disagreements
 
 WRITER_KEY = "snapver.writer"
 # Set after a store's first sync: from then on a ref deleted here is deleted on the remote.

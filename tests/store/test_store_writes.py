@@ -206,7 +206,8 @@ _KILLED_WRITER = textwrap.dedent("""
     import os, sys
     from datetime import datetime, timezone
     from snapver.model import Entry, Manifest
-    from snapver.store.repo import Store, blob_oid
+    from snapver.store.objects import blob_oid
+    from snapver.store.repo import Store
     store = Store(__import__("pathlib").Path(sys.argv[1]))
     blobs = [os.urandom(1 << 20) + bytes([i]) for i in range(24)]
     manifest = Manifest.of(Entry(f"big/{i}.bin", "f", 0o100644, len(b), "0" * 64, blob_oid(b))
