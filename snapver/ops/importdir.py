@@ -32,8 +32,9 @@ from snapver.ops.pull import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
+from snapver.store.importer import Importer
 from snapver.store.objects import blob_oid
-from snapver.store.repo import Importer, Store, format_message
+from snapver.store.repo import Store, format_message
 from snapver.store.team import TeamView, writer_of
 from snapver.transport.base import FileChanged, StreamedFile, Transport
 
