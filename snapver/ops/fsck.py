@@ -20,7 +20,8 @@ from snapver.store.gc import compaction_paused
 from snapver.store.git import GitStream, run_git
 from snapver.store.objects import blob_oid
 from snapver.store.pack import GIT_TEMP_PREFIXES
-from snapver.store.repo import MANIFEST_KINDS, Commit, Store, tree_disagreements
+from snapver.store.records import MANIFEST_KINDS
+from snapver.store.repo import Commit, Store, tree_disagreements
 
 # Refs whose commits carry a manifest: what each kind of ref is called in a problem.
 _REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"),

@@ -34,7 +34,8 @@ from snapver.refs import FolderTree, parse_day, resolve_folder, tracked_paths
 from snapver.store import refs
 from snapver.store.importer import Importer
 from snapver.store.objects import blob_oid
-from snapver.store.repo import Store, format_message
+from snapver.store.records import format_message
+from snapver.store.repo import Store
 from snapver.store.team import TeamView, writer_of
 from snapver.transport.base import FileChanged, StreamedFile, Transport
 

@@ -32,7 +32,8 @@ from snapver.store import refs
 from snapver.store.git import git_timeout
 from snapver.store.objects import blob_oid
 from snapver.store.pack import current_umask
-from snapver.store.repo import BIG_BLOB, Store, format_message
+from snapver.store.records import format_message
+from snapver.store.repo import BIG_BLOB, Store
 from snapver.store.team import TeamView, writer_of
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff

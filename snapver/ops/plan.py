@@ -38,8 +38,9 @@ from snapver.config import NodeSpec
 from snapver.errors import Cancelled, ConflictError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, Entry, Manifest
 from snapver.store import refs
-from snapver.store.repo import BIG_BLOB, Commit, Store, format_message
-from snapver.store.team import TeamView, commit_moment, moment_ns, writer_of
+from snapver.store.records import format_message, moment_ns
+from snapver.store.repo import BIG_BLOB, Commit, Store
+from snapver.store.team import TeamView, commit_moment, writer_of
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 

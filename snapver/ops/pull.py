@@ -35,8 +35,9 @@ from snapver.store.gc import maybe_compact
 from snapver.store.git import run_git
 from snapver.store.importer import Importer
 from snapver.store.objects import ZERO_OID, blob_oid
-from snapver.store.repo import Store, format_message
-from snapver.store.team import TeamView, moment_ns, writer_of
+from snapver.store.records import format_message, moment_ns
+from snapver.store.repo import Store
+from snapver.store.team import TeamView, writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
 

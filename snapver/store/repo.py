@@ -10,7 +10,6 @@ that dies half-way leaves every ref as it was.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
@@ -27,10 +26,8 @@ from snapver.store import refs
 from snapver.store.git import GitStream, last_line, run_git
 from snapver.store.importer import Importer
 from snapver.store.lock import store_is_locked, store_lock
+from snapver.store.records import parse_meta
 
-META_PREFIX = "snapver-meta: "
-# The kinds of commit whose tree is a manifest's files (a tag event's is not).
-MANIFEST_KINDS = ("snapshot", "patch", "push")
 # A blob above this size is read in pieces (``blob_chunks``, one git process each), never
 # whole, wherever its content is only passed on or sniffed: a 2 GB .so must not need 2 GB here.
 BIG_BLOB = 4 << 20
@@ -474,20 +471,3 @@ def _feed(pipe: Any, oids: list[str]) -> None:
         pipe.close()
     except (OSError, ValueError):
         pass
-
-
-def parse_meta(message: str) -> dict[str, Any]:
-    for line in message.splitlines():
-        if line.startswith(META_PREFIX):
-            try:
-                return json.loads(line[len(META_PREFIX):])
-            except json.JSONDecodeError:
-                return {}
-    return {}
-
-
-def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
-    text = subject.strip() + "\n\n"
-    if body.strip():
-        text += body.strip() + "\n\n"
-    return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"

@@ -26,7 +26,6 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,8 @@ from snapver.store import refs
 from snapver.store.git import git_timeout, last_line, run_git
 from snapver.store.objects import ZERO_OID
 from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
-from snapver.store.repo import MANIFEST_KINDS, Commit, Store, tree_disagreements
+from snapver.store.records import MANIFEST_KINDS
+from snapver.store.repo import Commit, Store, tree_disagreements
 
 WRITER_KEY = "snapver.writer"
 # Set after a store's first sync: from then on a ref deleted here is deleted on the remote.
@@ -51,11 +51,6 @@ GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GC
 # How a store that has never synced names its own writer in a TeamView (no other is there).
 LOCAL_WRITER = "(this store)"
 _TEAM_SHORT = refs.TEAM[len("refs/"):]  # "remotes/team/", as Store.refs("refs/") names them
-
-
-def moment_ns(when: datetime) -> int:
-    """A record's time to the microsecond, in nanoseconds (its meta's ``time_ns``)."""
-    return round(when.timestamp() * 1_000_000) * 1000
 
 
 def commit_moment(commit: Commit) -> int:

@@ -18,7 +18,8 @@ from helpers import git_blob, git_ls_tree
 
 from snapver.errors import StoreError
 from snapver.model import Entry, Manifest
-from snapver.store.repo import Store, format_message
+from snapver.store.records import format_message
+from snapver.store.repo import Store
 
 # Names that test quoting and git's tree order: "a.py" sorts before the folder "a" ("." < "/").
 PATHS = ["top.py", "pkg/a.py", "pkg/a/b.py", "pkg/a-b", "pkg/a/deep/er/c.py", "pkg/sp ace.py", 'pkg/quo"te.py',
