@@ -11,14 +11,12 @@ that dies half-way leaves every ref as it was.
 from __future__ import annotations
 
 import os
-import stat
 import threading
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Generator, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id
@@ -26,6 +24,7 @@ from snapver.store import refs
 from snapver.store.git import GitStream, last_line, run_git
 from snapver.store.importer import Importer
 from snapver.store.lock import store_is_locked, store_lock
+from snapver.store.loose import loose_blob_pieces, open_loose
 from snapver.store.records import parse_meta
 
 # A blob above this size is read in pieces (``blob_chunks``, one git process each), never
@@ -39,60 +38,6 @@ STREAMING = ("-c", f"core.bigFileThreshold={BIG_BLOB}", "-c", "core.packedGitWin
              "-c", "core.packedGitLimit=32m")
 # git's rule: a NUL in the first 8000 bytes makes a file binary (what ``blob_head`` reads).
 HEAD_BYTES = 8000
-
-
-def _open_loose(path: Path) -> BinaryIO | None:
-    """A loose object's file, if it is a plain file (a FIFO in its place would block the open
-    and every read: left to git, which the watchdog stops); None when packed or missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
-
-
-def _loose_blob_pieces(handle: BinaryIO, oid: str, chunk: int) -> Iterator[bytes]:
-    """A loose object's blob content (zlib of ``blob SIZE\\0`` + content), inflated in pieces
-    of at most ``chunk`` bytes; a damaged or non-blob object is a StoreError."""
-    damaged = StoreError(f"object {oid} in the store is corrupt", hint="run `snapver fsck`")
-    inflate = zlib.decompressobj()
-    header = b""
-    size = left = -1
-    pending = b""
-    try:
-        while True:
-            if not pending:
-                pending = handle.read(1 << 20)
-                if not pending:
-                    break
-            piece = inflate.decompress(pending, chunk)
-            pending = inflate.unconsumed_tail
-            if size < 0:
-                header += piece
-                end = header.find(b"\0")
-                if end < 0:
-                    if len(header) > 32:
-                        raise damaged
-                    continue
-                kind, _, length = header[:end].partition(b" ")
-                if kind != b"blob" or not length.isdigit():
-                    raise damaged
-                size = left = int(length)
-                piece = header[end + 1:]
-            if len(piece) > left:
-                raise damaged
-            left -= len(piece)
-            if piece:
-                yield piece
-            if inflate.eof:
-                break
-    except zlib.error as exc:
-        raise damaged from exc
-    if left != 0 or not inflate.eof:
-        raise damaged
 
 
 @dataclass(frozen=True)
@@ -297,12 +242,12 @@ class Store:
         """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole).
 
         Close it when stopping early: that ends its git process."""
-        loose = _open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
+        loose = open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
         if loose is not None:
             # git maps a loose object whole (its pages stay resident: a 300 MB blob cost git
             # 290 MiB); read here, the file is inflated a piece at a time.
             with loose:
-                yield from _loose_blob_pieces(loose, oid, chunk)
+                yield from loose_blob_pieces(loose, oid, chunk)
             return
         # Packed, missing, or not a plain file: git reads it, watched as cat-file --batch is
         # (a read that waits past the timeout kills it: a stalled git is not a wait forever).
