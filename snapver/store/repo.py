@@ -1,11 +1,20 @@
-"""The store: a bare git repository, read with git plumbing and written as one pack.
+"""The store: a bare git repository; ``Store`` reads its snapshots, refs and manifests.
 
 A snapshot is a commit on ``refs/heads/nodes/<node>`` whose tree holds the tracked
 paths (relative to site-packages) plus ``.snapver/manifest`` (the blake3 manifest);
-its metadata is a JSON trailer in the commit message. Both survive ``git clone``.
-A write session (``Store.importer``) puts every new object into one pack and moves
-refs only after that pack is complete and on disk, all in one transaction: a write
-that dies half-way leaves every ref as it was.
+its metadata is a JSON trailer in the commit message (``records.py``). Both survive
+``git clone``. A write session (``Store.importer``, ``importer.py``) puts every new object
+into one pack and moves refs only after that pack is complete and on disk, all in one
+transaction: a write that dies half-way leaves every ref as it was.
+
+GitPython (a dependency by design) is used where it is the natural API: creating the
+repository (``Store.create``: ``git.Repo.init``, its config writer, ``HEAD``) and
+``Store.repo``. Everything a command reads or writes goes through git plumbing instead,
+run by ``git.py``: every git child there has a deadline, its stderr drained and its whole
+session killed when it overruns (a damaged store must end a command, not hang it), which
+GitPython's calls do not give; one ``cat-file --batch``, ``for-each-ref`` or
+``update-ref --stdin`` does what would otherwise be one call per object or ref; and
+importing GitPython would lengthen every command's start-up.
 """
 
 from __future__ import annotations
