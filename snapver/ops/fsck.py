@@ -17,8 +17,11 @@ import blake3
 from snapver.errors import GitTimeoutError, StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id
 from snapver.store.gc import compaction_paused
+from snapver.store.git import GitStream, run_git
+from snapver.store.objects import blob_oid
 from snapver.store.pack import GIT_TEMP_PREFIXES
-from snapver.store.repo import Commit, GitStream, Store, blob_oid, run_git
+from snapver.store.records import MANIFEST_KINDS
+from snapver.store.repo import Commit, Store, tree_disagreements
 
 # Refs whose commits carry a manifest: what each kind of ref is called in a problem.
 _REF_KINDS = (("refs/heads/nodes/", "snapshot"), ("refs/heads/patches/", "patch"),
@@ -61,7 +64,7 @@ def _fsck(store: Store) -> FsckResult:
     commits = _commits(store, tips, result)
     _check_named_commits(store, commits, result)
     manifests: list[tuple[Commit, Manifest]] = []
-    with_manifest = [c.id for c in commits if c.meta.get("kind") in ("snapshot", "patch", "push")]
+    with_manifest = [c.id for c in commits if c.meta.get("kind") in MANIFEST_KINDS]
     found = _batch_check(store, "%(objectname)", [f"{commit}:{MANIFEST_PATH}" for commit in with_manifest])
     manifest_oids = {commit: found[f"{commit}:{MANIFEST_PATH}"] for commit in with_manifest}
     read = dict(_read_objects(store.path, [oid for oid in manifest_oids.values() if oid and oid != UNREADABLE]))
@@ -203,16 +206,7 @@ def _check_tree(store: Store, commit: Commit, manifest: Manifest, label: str, re
     except StoreError as exc:
         result.problems.append(f"{label}: its tree cannot be read: {exc.message}")
         return
-    for path in sorted(set(tree) - set(manifest.entries)):
-        result.problems.append(f"{label}: {path!r} is in the tree but not the manifest")
-    for entry in manifest:
-        if entry.path not in tree:
-            result.problems.append(f"{label}: {entry.path!r} is in the manifest but not the tree")
-            continue
-        mode, oid = tree[entry.path]
-        if oid != entry.oid or mode != entry.git_mode:
-            result.problems.append(f"{label}: {entry.path!r}: tree entry {mode} {oid[:10]} differs from the "
-                                   f"manifest ({entry.git_mode} {entry.oid[:10]})")
+    result.problems.extend(f"{label}: {problem}" for problem in tree_disagreements(tree, manifest))
 
 
 def _check_content(store: Store, manifests: list[tuple[Commit, Manifest]], result: FsckResult) -> None:

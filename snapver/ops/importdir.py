@@ -33,7 +33,10 @@ from snapver.ops.tag import check_not_a_patch, check_tag_name
 from snapver.folders import FolderTree, resolve_folder, tracked_paths
 from snapver.refs import parse_day
 from snapver.store import refs
-from snapver.store.repo import Importer, Store, blob_oid, format_message
+from snapver.store.importer import Importer
+from snapver.store.objects import blob_oid
+from snapver.store.records import format_message, import_meta
+from snapver.store.repo import Store
 from snapver.store.team import TeamView, writer_of
 from snapver.transport.base import FileChanged, StreamedFile, Transport
 
@@ -207,15 +210,7 @@ def _store_files(store: Store, importer: Importer, transport: Transport, listed:
 
 def _import_meta(store: Store, node: str, folder: FolderTree, moment: datetime, dists: list[list[str]],
                  manifest: Manifest, changed: int, message: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "v": 1, "kind": "snapshot", "event": "import", "node": node, "host": "import",
-        "writer": writer_of(store), "source": str(folder.path), "layout": folder.layout,
-        "site_packages": folder.site,
-        "time": moment.isoformat(timespec="seconds"),
-        "imported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "paths": list(folder.tracked), "exclude": list(folder.exclude), "dists": dists, "files": len(manifest), "changed": changed,
-        "bytes": manifest.total_size(),
-    }
-    if message:
-        meta["message"] = message
-    return meta
+    return import_meta(node=node, writer=writer_of(store), source=str(folder.path), layout=folder.layout,
+                       site_packages=folder.site, when=moment, imported=datetime.now(timezone.utc),
+                       paths=folder.tracked, exclude=folder.exclude, dists=dists, manifest=manifest, changed=changed,
+                       message=message)

@@ -17,8 +17,9 @@ from typing import Any
 
 from snapver.model import Manifest
 from snapver.store import refs
-from snapver.store.repo import Commit, Store, format_message
-from snapver.store.team import TeamView, commit_moment, moment_ns, writer_of
+from snapver.store.records import format_message, push_record_meta
+from snapver.store.repo import Commit, Store
+from snapver.store.team import TeamView, commit_moment, writer_of
 
 
 @dataclass(frozen=True)
@@ -167,10 +168,9 @@ def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> d
     with store.importer() as importer:
         for row in rows:
             node = row["node"]
-            meta = {**record.meta, **record.per_node.get(node, {}), **{k: v for k, v in row.items() if k != "tree"},
-                    "v": 1, "kind": "push", "writer": writer,
-                    "action": record.action, "push_id": record.push_id, "time": now.isoformat(timespec="seconds"),
-                    "time_ns": moment_ns(now)}
+            meta = push_record_meta({**record.meta, **record.per_node.get(node, {}),
+                                     **{k: v for k, v in row.items() if k != "tree"}},
+                                    writer=writer, action=record.action, push_id=record.push_id, when=now)
             manifest = store.manifest(row["tree"]) if row.get("tree") else Manifest()
             subject = f"{record.subject} on {node}: {row['state']}"
             marks[node] = importer.commit(refs.push_ref(node), store.ref(refs.push_ref(node)), manifest,

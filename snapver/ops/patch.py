@@ -30,8 +30,11 @@ from snapver.ops.live import list_live
 from snapver.ops.pristine import recorded, shipped
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
+from snapver.store.git import git_timeout
+from snapver.store.objects import blob_oid
 from snapver.store.pack import current_umask
-from snapver.store.repo import BIG_BLOB, Store, blob_oid, format_message, git_timeout
+from snapver.store.records import format_message
+from snapver.store.repo import BIG_BLOB, Store
 from snapver.store.team import TeamView, writer_of
 from snapver.transport import agent
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff

@@ -28,8 +28,12 @@ from snapver.ops.live import (BY_PATH, keep_stat_keys_packed, load_stat_cache, l
                               save_stat_cache, save_stat_keys)
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
-from snapver.store.repo import Importer, Store, blob_oid, format_message, run_git
-from snapver.store.team import moment_ns, writer_of
+from snapver.store.git import run_git
+from snapver.store.importer import Importer
+from snapver.store.objects import blob_oid
+from snapver.store.records import format_message, snapshot_meta
+from snapver.store.repo import Store
+from snapver.store.team import writer_of
 from snapver.transport.base import FileChanged, FileItem, Listing, StatKeys, StreamedFile, Transport
 from snapver.transport.connect import Starting, open_transport
 
@@ -442,18 +446,9 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     spec = result.transport.spec
     assert info is not None
     now = datetime.now(timezone.utc)
-    meta = {
-        "v": 1, "kind": "snapshot", "node": spec.name, "host": spec.address,
-        "writer": writer_of(store),
-        "site_packages": info.site_packages, "hostname": info.hostname, "python": info.python_version,
-        "time": now.isoformat(timespec="seconds"), "time_ns": moment_ns(now),
-        # What the listing observed: a later comparison covers only what both sides observed.
-        "paths": list(spec.paths), "exclude": list(spec.exclude),
-        "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
-        "changed": result.changed, "bytes": manifest.total_size(), **(event or {"event": "pull"}),
-    }
-    if message:
-        meta["message"] = message
+    meta = snapshot_meta(node=spec.name, host=spec.address, writer=writer_of(store), info=info, when=now,
+                         paths=spec.paths, exclude=spec.exclude, manifest=manifest, changed=result.changed,
+                         event=event, message=message)
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).

@@ -11,7 +11,8 @@ from snapver.errors import RefError, StoreError
 from snapver.model import Manifest
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
-from snapver.store.repo import Commit, Store, format_message
+from snapver.store.records import format_message
+from snapver.store.repo import Commit, Store
 from snapver.store.team import TeamView, tag_conflict_error
 
 

@@ -93,7 +93,7 @@ def _pack_big_loose(store_path: Path) -> int:
     how many. The pack is placed before the loose file goes, so the object is never absent;
     a blob that does not read back whole and right is left loose (git's repack reads it)."""
     from snapver.store.blobpack import BlobPack
-    from snapver.store.repo import _loose_blob_pieces
+    from snapver.store.loose import loose_blob_pieces
 
     objects = store_path / "objects"
     moved = 0
@@ -114,7 +114,7 @@ def _pack_big_loose(store_path: Path) -> int:
             blob = BlobPack(objects, int(length))
             try:
                 with open(path, "rb") as handle:
-                    for piece in _loose_blob_pieces(handle, oid, 1 << 20):
+                    for piece in loose_blob_pieces(handle, oid, 1 << 20):
                         blob.write(piece)
                 if blob.close() != oid:
                     raise ValueError(f"{oid} does not read back as itself")

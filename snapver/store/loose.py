@@ -10,6 +10,8 @@ times; ``git gc`` packs it later, off the pull's path.
 The object is written under a temporary name in ``objects/pack`` (the name
 ``remove_dead_writers_packs`` clears when its writer died) and takes its place in
 ``objects/xx/`` only when the session that wrote it finishes (``place``).
+``open_loose`` and ``loose_blob_pieces`` read a loose blob back a piece at a time
+(``Store.blob_chunks``, compaction's ``_pack_big_loose``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import stat
 import struct
 import threading
 import zlib
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import BinaryIO, Iterable, Iterator, Protocol
 
+from snapver.errors import StoreError
 from snapver.store.pack import (STORED_BLOCK, TEMP_PREFIX, WRITEBACK_EVERY, ZLIB_HEADER, _read_only_mode,
                                 _start_writeback)
 
@@ -199,3 +203,57 @@ def write_loose_blob(objects_dir: Path, size: int, pieces: Iterable[bytes | memo
         blob.abort()
         raise
     return blob
+
+
+def open_loose(path: Path) -> BinaryIO | None:
+    """A loose object's file, if it is a plain file (a FIFO in its place would block the open
+    and every read: left to git, which the watchdog stops); None when packed or missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def loose_blob_pieces(handle: BinaryIO, oid: str, chunk: int) -> Iterator[bytes]:
+    """A loose object's blob content (zlib of ``blob SIZE\\0`` + content), inflated in pieces
+    of at most ``chunk`` bytes; a damaged or non-blob object is a StoreError."""
+    damaged = StoreError(f"object {oid} in the store is corrupt", hint="run `snapver fsck`")
+    inflate = zlib.decompressobj()
+    header = b""
+    size = left = -1
+    pending = b""
+    try:
+        while True:
+            if not pending:
+                pending = handle.read(1 << 20)
+                if not pending:
+                    break
+            piece = inflate.decompress(pending, chunk)
+            pending = inflate.unconsumed_tail
+            if size < 0:
+                header += piece
+                end = header.find(b"\0")
+                if end < 0:
+                    if len(header) > 32:
+                        raise damaged
+                    continue
+                kind, _, length = header[:end].partition(b" ")
+                if kind != b"blob" or not length.isdigit():
+                    raise damaged
+                size = left = int(length)
+                piece = header[end + 1:]
+            if len(piece) > left:
+                raise damaged
+            left -= len(piece)
+            if piece:
+                yield piece
+            if inflate.eof:
+                break
+    except zlib.error as exc:
+        raise damaged from exc
+    if left != 0 or not inflate.eof:
+        raise damaged

@@ -23,6 +23,8 @@ TAG_MOVES = "refs/heads/tag-moves"
 # published refs are fetched here, below TEAM. Local refs stay where they are.
 REMOTE_SPACE = "refs/snapver/"
 TEAM = "refs/remotes/team/"
+# Where a sync fetches the remote's refs first: they move into TEAM only once checked.
+INCOMING = "refs/snapver/incoming/"
 
 
 def published_name(local_ref: str) -> str | None:

@@ -1,44 +1,41 @@
-"""The store: a bare git repository, read with git plumbing and written as one pack.
+"""The store: a bare git repository; ``Store`` reads its snapshots, refs and manifests.
 
 A snapshot is a commit on ``refs/heads/nodes/<node>`` whose tree holds the tracked
 paths (relative to site-packages) plus ``.snapver/manifest`` (the blake3 manifest);
-its metadata is a JSON trailer in the commit message. Both survive ``git clone``.
-A write session (``Store.importer``) puts every new object into one pack and moves
-refs only after that pack is complete and on disk, all in one transaction: a write
-that dies half-way leaves every ref as it was.
+its metadata is a JSON trailer in the commit message (``records.py``). Both survive
+``git clone``. A write session (``Store.importer``, ``importer.py``) puts every new object
+into one pack and moves refs only after that pack is complete and on disk, all in one
+transaction: a write that dies half-way leaves every ref as it was.
+
+GitPython (a dependency by design) is used where it is the natural API: creating the
+repository (``Store.create``: ``git.Repo.init``, its config writer, ``HEAD``) and
+``Store.repo``. Everything a command reads or writes goes through git plumbing instead,
+run by ``git.py``: every git child there has a deadline, its stderr drained and its whole
+session killed when it overruns (a damaged store must end a command, not hang it), which
+GitPython's calls do not give; one ``cat-file --batch``, ``for-each-ref`` or
+``update-ref --stdin`` does what would otherwise be one call per object or ref; and
+importing GitPython would lengthen every command's start-up.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import stat
-import subprocess
 import threading
-import time
-import zlib
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Generator, Iterable, Iterator, Sequence
+from typing import Any, Generator, Iterable, Iterator
 
-from snapver.errors import GitTimeoutError, StoreError, env_seconds
-from snapver.model import MANIFEST_PATH, ZERO_OID, Manifest, is_git_id, quote_path
+from snapver.errors import StoreError
+from snapver.model import MANIFEST_PATH, Manifest, is_git_id
 from snapver.store import refs
-from snapver.store.gc import record_raw_bytes
-from snapver.store.lock import store_is_locked, store_lock, unwritable_store
-from snapver.store.loose import Digest, LooseBlob, write_loose_blob
-from snapver.store.pack import BLOB_TYPE, COMMIT_TYPE, TREE_TYPE, PackWriter, object_id
+from snapver.store.git import GitStream, last_line, run_git
+from snapver.store.importer import Importer
+from snapver.store.lock import store_is_locked, store_lock
+from snapver.store.loose import loose_blob_pieces, open_loose
+from snapver.store.records import parse_meta
 
-META_PREFIX = "snapver-meta: "
-IDENTITY = "snapver <snapver@localhost>"
-# The longest a git child may take to finish (or, when it streams objects, to answer the
-# next one) before it is killed: a damaged store (a loose object turned into a FIFO, a
-# pack on a dead mount) must end a command, not hang it. SNAPVER_GIT_TIMEOUT overrides.
-DEFAULT_GIT_TIMEOUT = 300.0
 # A blob above this size is read in pieces (``blob_chunks``, one git process each), never
 # whole, wherever its content is only passed on or sniffed: a 2 GB .so must not need 2 GB here.
 BIG_BLOB = 4 << 20
@@ -50,228 +47,6 @@ STREAMING = ("-c", f"core.bigFileThreshold={BIG_BLOB}", "-c", "core.packedGitWin
              "-c", "core.packedGitLimit=32m")
 # git's rule: a NUL in the first 8000 bytes makes a file binary (what ``blob_head`` reads).
 HEAD_BYTES = 8000
-GIT_HANG_HINT = ("a file in the store that git cannot read to its end (damage: see `snapver fsck`), or a stalled "
-                 "disk; SNAPVER_GIT_TIMEOUT sets the limit")
-
-
-def git_timeout() -> float:
-    """Seconds a git child process is given (``SNAPVER_GIT_TIMEOUT``, default 300)."""
-    seconds = env_seconds("SNAPVER_GIT_TIMEOUT", DEFAULT_GIT_TIMEOUT)
-    return seconds if seconds > 0 else DEFAULT_GIT_TIMEOUT
-
-
-def run_git(git_dir: Path, *args: str, input: bytes | None = None,  # noqa: A002 - as subprocess.run
-            timeout: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run one git command in ``git_dir`` to its end: output captured (stderr too, so it never
-    blocks on a full pipe), killed after ``timeout`` (default ``git_timeout()``); ``env``: variables
-    added to this process's environment.
-
-    GitTimeoutError when it ran out of time, StoreError when git cannot be started; a git
-    that fails is returned as it is (its return code and stderr are the caller's to judge).
-    """
-    limit = git_timeout() if timeout is None else timeout
-    command = ["git", "--git-dir", str(git_dir), *args]
-    try:
-        # A session of its own: a Ctrl-C at the terminal signals the whole foreground group,
-        # and snapver still needs its store while it stops in order (an interrupted push's undo).
-        process = subprocess.Popen(command, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                   env={**os.environ, **env} if env else None)
-    except OSError as exc:
-        raise StoreError(f"cannot run git: {exc}") from exc
-    try:
-        stdout, stderr = process.communicate(input, timeout=limit)
-    except subprocess.TimeoutExpired as exc:
-        end_process_group(process)
-        raise GitTimeoutError(f"git {args[0]} did not finish within {limit:g} s in the store {git_dir}",
-                              hint=GIT_HANG_HINT) from exc
-    except BaseException:  # an interrupt: git and its children (ssh) go with it
-        end_process_group(process)
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-def end_process_group(process: subprocess.Popen[bytes]) -> None:
-    """Kill a git started in a session of its own with every process of that session (an
-    ``ssh`` to the remote would otherwise outlive it, holding its pipes), and reap it."""
-    if process.returncode is None:  # not reaped yet: its group id is still its own
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-    process.kill()
-    try:
-        process.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # a descendant that left the session holds the pipes
-        process.wait()
-
-
-def last_line(stderr: bytes | str, fallback: str) -> str:
-    """The last non-empty line git wrote on stderr (its error), or ``fallback``."""
-    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else fallback
-
-
-class GitStream:
-    """A long-lived git process read as a stream (``cat-file --batch``), kept from hanging.
-
-    Its stderr is read by a thread as it comes (git writes an error per damaged object: an
-    unread pipe fills at 64 KiB and blocks git, and with it our read of its stdout), and a
-    watchdog kills it when a request has waited ``timeout`` seconds for its answer. Call
-    ``waiting()`` before reading an answer and ``answered()`` after it.
-    """
-
-    def __init__(self, git_dir: Path, *args: str, timeout: float | None = None, options: Sequence[str] = ()) -> None:
-        self.command = f"git {args[0]}"
-        self.timeout = git_timeout() if timeout is None else timeout
-        self.timed_out = False
-        try:
-            self.process = subprocess.Popen(["git", "--git-dir", str(git_dir), *options, *args], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            start_new_session=True)  # see run_git
-        except OSError as exc:
-            raise StoreError(f"cannot run git: {exc}") from exc
-        self._stderr: deque[bytes] = deque(maxlen=8)  # the last lines are the ones that explain
-        self._waiting_since: float | None = None
-        self._ended = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    @property
-    def stdin(self) -> Any:
-        return self.process.stdin
-
-    @property
-    def stdout(self) -> Any:
-        return self.process.stdout
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def waiting(self) -> None:
-        """A request was sent: its answer is due within the timeout."""
-        self._waiting_since = time.monotonic()
-
-    def answered(self) -> None:
-        """The answer came: nothing is due (an idle process is never killed)."""
-        self._waiting_since = None
-
-    def error(self, fallback: str) -> str:
-        """Why git stopped: the timeout, else the last line of its stderr, else ``fallback``."""
-        if self.timed_out:
-            return f"{self.command} did not answer within {self.timeout:g} s"
-        return last_line(b"\n".join(self._stderr), fallback)
-
-    def check_time(self) -> None:
-        """GitTimeoutError if the watchdog killed the process (a stalled read is not a corrupt object)."""
-        if self.timed_out:
-            raise GitTimeoutError(f"{self.error('')} in the store",
-                                  hint=GIT_HANG_HINT)
-
-    def close(self) -> None:
-        """Kill the process and reap it (and the threads that served it)."""
-        self._ended.set()
-        # Killed first: a feeder thread blocked writing its stdin holds that pipe's lock.
-        self._kill()
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass  # stdin of a dead git: its buffered bytes have nowhere to go
-        self._drainer.join(timeout=5)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-    def _kill(self) -> None:
-        """Kill git and whatever it started (its session), while its group id is still its own."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except OSError:
-                self.process.kill()
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        try:
-            for line in self.process.stderr:
-                self._stderr.append(line.rstrip())
-        except (OSError, ValueError):
-            pass
-
-    def _watch(self) -> None:
-        interval = min(0.5, self.timeout / 4)
-        while not self._ended.wait(interval):
-            since = self._waiting_since
-            if since is not None and time.monotonic() - since > self.timeout:
-                self.timed_out = True
-                self._kill()  # our blocked read then sees end of file
-                return
-            if self.process.poll() is not None:
-                return
-
-
-
-def _open_loose(path: Path) -> BinaryIO | None:
-    """A loose object's file, if it is a plain file (a FIFO in its place would block the open
-    and every read: left to git, which the watchdog stops); None when packed or missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
-
-
-def _loose_blob_pieces(handle: BinaryIO, oid: str, chunk: int) -> Iterator[bytes]:
-    """A loose object's blob content (zlib of ``blob SIZE\\0`` + content), inflated in pieces
-    of at most ``chunk`` bytes; a damaged or non-blob object is a StoreError."""
-    damaged = StoreError(f"object {oid} in the store is corrupt", hint="run `snapver fsck`")
-    inflate = zlib.decompressobj()
-    header = b""
-    size = left = -1
-    pending = b""
-    try:
-        while True:
-            if not pending:
-                pending = handle.read(1 << 20)
-                if not pending:
-                    break
-            piece = inflate.decompress(pending, chunk)
-            pending = inflate.unconsumed_tail
-            if size < 0:
-                header += piece
-                end = header.find(b"\0")
-                if end < 0:
-                    if len(header) > 32:
-                        raise damaged
-                    continue
-                kind, _, length = header[:end].partition(b" ")
-                if kind != b"blob" or not length.isdigit():
-                    raise damaged
-                size = left = int(length)
-                piece = header[end + 1:]
-            if len(piece) > left:
-                raise damaged
-            left -= len(piece)
-            if piece:
-                yield piece
-            if inflate.eof:
-                break
-    except zlib.error as exc:
-        raise damaged from exc
-    if left != 0 or not inflate.eof:
-        raise damaged
-
-
-def blob_oid(data: bytes) -> str:
-    """The git blob id of ``data`` (what ``git hash-object`` prints)."""
-    return object_id(BLOB_TYPE, data).hex()
 
 
 @dataclass(frozen=True)
@@ -476,12 +251,12 @@ class Store:
         """One blob's content in pieces of at most ``chunk`` bytes (a large file is never held whole).
 
         Close it when stopping early: that ends its git process."""
-        loose = _open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
+        loose = open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
         if loose is not None:
             # git maps a loose object whole (its pages stay resident: a 300 MB blob cost git
             # 290 MiB); read here, the file is inflated a piece at a time.
             with loose:
-                yield from _loose_blob_pieces(loose, oid, chunk)
+                yield from loose_blob_pieces(loose, oid, chunk)
             return
         # Packed, missing, or not a plain file: git reads it, watched as cat-file --batch is
         # (a read that waits past the timeout kills it: a stalled git is not a wait forever).
@@ -617,7 +392,7 @@ class Store:
 
     # -- writing ------------------------------------------------------------------
     @contextmanager
-    def importer(self) -> Iterator["Importer"]:
+    def importer(self) -> Iterator[Importer]:
         """A write session (``Importer``); refs it writes move only if the block ends cleanly."""
         importer = Importer(self)
         try:
@@ -628,6 +403,21 @@ class Store:
         importer.finish()
 
 
+def tree_disagreements(tree: dict[str, tuple[str, str]], manifest: Manifest) -> list[str]:
+    """How a commit's tree (``ls_tree``) and its manifest disagree, one sentence each; none
+    when the tree is exactly the manifest (a snapshot's files are what its manifest says)."""
+    problems = [f"{path!r} is in the tree but not the manifest" for path in sorted(set(tree) - set(manifest.entries))]
+    for entry in manifest:
+        if entry.path not in tree:
+            problems.append(f"{entry.path!r} is in the manifest but not the tree")
+            continue
+        mode, oid = tree[entry.path]
+        if oid != entry.oid or mode != entry.git_mode:
+            problems.append(f"{entry.path!r}: tree entry {mode} {oid[:10]} differs from the "
+                            f"manifest ({entry.git_mode} {entry.oid[:10]})")
+    return problems
+
+
 def _feed(pipe: Any, oids: list[str]) -> None:
     try:
         for oid in oids:
@@ -635,312 +425,3 @@ def _feed(pipe: Any, oids: list[str]) -> None:
         pipe.close()
     except (OSError, ValueError):
         pass
-
-
-def parse_meta(message: str) -> dict[str, Any]:
-    for line in message.splitlines():
-        if line.startswith(META_PREFIX):
-            try:
-                return json.loads(line[len(META_PREFIX):])
-            except json.JSONDecodeError:
-                return {}
-    return {}
-
-
-def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
-    text = subject.strip() + "\n\n"
-    if body.strip():
-        text += body.strip() + "\n\n"
-    return text + META_PREFIX + json.dumps(meta, ensure_ascii=True, sort_keys=True, separators=(",", ":")) + "\n"
-
-
-class Importer:
-    """Writes a session's new objects into one pack (``store/pack.py``), then moves its refs.
-
-    Blobs go into the pack as they come; ``finish`` adds each queued commit's trees, its
-    manifest blob and the commit itself, completes the pack, and moves every ref in one
-    ``git update-ref --stdin`` transaction. Nothing is visible until then: the pack's
-    index is renamed into place only once the pack is complete and on disk, and no ref
-    moves unless every object its commit reaches is in the store. A write that dies
-    leaves at most temporary pack files, never a ref to missing objects.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._lock = threading.Lock()
-        self._written: set[str] = set()
-        try:
-            self._pack = PackWriter(store.path / "objects")
-        except OSError as exc:
-            raise unwritable_store(store.path, exc) from exc
-        self._commits: list[tuple[str, str | None, Manifest, str, datetime, dict[str, bytes], tuple[str, ...],
-                                  dict[str, str], str | None]] = []
-        self._loose: list[LooseBlob] = []  # large blobs, placed when the session finishes
-        self.results: dict[int, str] = {}
-        self._broken: StoreError | None = None
-
-    def written(self) -> frozenset[str]:
-        """The blobs written so far (a copy: checking thousands, one lock, not one each)."""
-        with self._lock:
-            return frozenset(self._written)
-
-    def add_blob(self, data: bytes, oid: str | None = None) -> str:
-        """Write a blob (once per content) and return its git id."""
-        oid = oid or blob_oid(data)
-        with self._lock:
-            self._add(oid, data, BLOB_TYPE)
-        return oid
-
-    def add_blob_stream(self, size: int, pieces: Iterable[bytes | memoryview],
-                        digests: Iterable[Digest] = ()) -> str:
-        """Write a blob of ``size`` bytes that arrives in ``pieces`` (never held whole) and
-        return its git id; each piece is also fed to ``digests``. It becomes a loose object
-        when the session finishes (``store/loose.py``); one the store or this session has
-        already is dropped. An exception from ``pieces`` leaves nothing behind."""
-        if self._broken is not None:
-            raise self._broken
-        try:
-            blob = write_loose_blob(self.store.path / "objects", size, pieces, digests)
-        except OSError as exc:
-            raise unwritable_store(self.store.path, exc) from exc
-        except ValueError as exc:
-            raise StoreError(f"a streamed blob did not match its announced size: {exc}") from exc
-        oid = blob.oid
-        assert oid is not None
-        with self._lock:
-            duplicate = oid in self._written
-        if duplicate or self.store.existing([oid]):
-            blob.abort()
-        else:
-            with self._lock:
-                self._loose.append(blob)
-        with self._lock:
-            self._written.add(oid)
-        return oid
-
-    def _add(self, oid: str, data: bytes, kind: int) -> None:
-        if self._broken is not None:
-            raise self._broken
-        if oid in self._written:
-            return
-        try:
-            self._pack.add(oid, data, kind)
-        except OSError as exc:
-            # A half-written record would corrupt the pack: nothing more goes in.
-            self._broken = unwritable_store(self.store.path, exc)
-            raise self._broken from exc
-        self._written.add(oid)
-
-    def commit(self, ref: str, parent: str | None, manifest: Manifest, message: str,
-               when: datetime, extra_files: dict[str, bytes] | None = None, also_parents: tuple[str, ...] = (),
-               stored_files: dict[str, str] | None = None, ref_at: str | None = None) -> int:
-        """Queue a commit on ``ref`` whose tree is exactly ``manifest`` (plus its text).
-
-        ``extra_files``: further files by content; ``stored_files``: by the id of a blob
-        the store has. ``also_parents``: further parents after ``parent`` (a rebased patch
-        keeps its previous version reachable this way). ``ref_at``: where ``ref`` is
-        expected now when that is not ``parent`` (ZERO_OID: no ref yet), e.g. one of
-        ``also_parents``. Returns a mark; ``finish`` maps it to the commit id.
-        """
-        with self._lock:
-            self._commits.append((ref, parent, manifest, message, when, dict(extra_files or {}), tuple(also_parents),
-                                  dict(stored_files or {}), ref_at))
-            return len(self._commits)
-
-    def finish(self) -> dict[int, str]:
-        """Write the queued commits, make every object visible, move the refs."""
-        if self._broken is not None:
-            self.abort()
-            raise self._broken
-        try:
-            moves, fresh = self._commit_objects()
-            with self._lock:
-                for oid, kind, body in fresh:
-                    self._add(oid, body, kind)
-            for blob in self._loose:  # durable already (fsync'd when closed)
-                blob.place()
-            raw = sum(blob.bytes_written for blob in self._loose)
-            self._loose = []
-            if self._pack.finish() is not None or raw:
-                record_raw_bytes(self.store.path, self._pack.size + raw)
-        except OSError as exc:
-            self.abort()
-            raise unwritable_store(self.store.path, exc) from exc
-        except BaseException:
-            self.abort()
-            raise
-        if moves:
-            self._move_refs(moves)
-        self.store.note_present(self._written)
-        return self.results
-
-    def abort(self) -> None:
-        """Drop everything written: no pack, no loose blob, no ref moves."""
-        self._pack.abort()
-        for blob in self._loose:
-            blob.abort()
-        self._loose = []
-
-    def _commit_objects(self) -> tuple[dict[str, tuple[str, str | None]], list[tuple[str, int, bytes]]]:
-        """Every queued commit with the trees and manifest blobs it needs.
-
-        Returns ``{ref: (commit, where the ref is expected)}`` and the objects this session has not written
-        yet, as (id, type, content). StoreError (nothing is visible yet) if a commit would
-        name a blob or parent the store does not have.
-        """
-        objects: dict[str, tuple[int, bytes]] = {}  # oid -> (type, content) of trees, manifests, commits
-        needed: set[str] = set()  # what the commits name that must already be in the store
-        roots: dict[tuple[str, ...], str] = {}  # identical snapshots (a fleet) share their trees
-        serialized: dict[int, bytes] = {}  # by id(): identical nodes' commits share one Manifest
-        moves: dict[str, tuple[str, str | None]] = {}
-        for mark, (ref, parent, manifest, message, when, files, also, stored, ref_at) in enumerate(self._commits, 1):
-            if id(manifest) not in serialized:
-                serialized[id(manifest)] = manifest.serialize()
-            files = {**files, MANIFEST_PATH: serialized[id(manifest)]}
-            extra = {path: blob_oid(data) for path, data in files.items()}
-            objects.update((oid, (BLOB_TYPE, files[path])) for path, oid in extra.items())
-            for path, oid in stored.items():
-                if not is_git_id(oid) or path in extra:
-                    raise StoreError(f"cannot record {ref}: {path} given as {oid!r}")
-                extra[path] = oid
-                needed.add(oid)
-            key = tuple(sorted(extra.items()))  # the manifest's blob id names every entry
-            root = roots.get(key)
-            if root is None:
-                leaves = [(e.path, e.git_mode, e.oid) for e in manifest.entries.values()]
-                leaves += [(path, "100644", oid) for path, oid in extra.items()]
-                try:
-                    root, trees = tree_objects(leaves)
-                except ValueError as exc:
-                    raise StoreError(f"cannot record {ref}: {exc}") from exc
-                objects.update((oid, (TREE_TYPE, body)) for oid, body in trees)
-                needed.update(e.oid for e in manifest.entries.values())
-                roots[key] = root
-            for named in (parent, *also):
-                if named is None:
-                    continue
-                if not is_git_id(named):
-                    raise StoreError(f"cannot record {ref}: parent {named!r} is not a commit id")
-                needed.add(named)
-            body = _commit_object(root, parent, message, when, also)
-            commit = object_id(COMMIT_TYPE, body).hex()
-            objects[commit] = (COMMIT_TYPE, body)
-            self.results[mark] = commit
-            moves[ref] = (commit, ref_at or parent)
-        with self._lock:
-            needed -= self._written | objects.keys()
-            # Trees already in the store are written again (git keeps either copy; compaction
-            # drops one): asking would cost a git process, writing them ~1 ms.
-            fresh = [oid for oid in objects if oid not in self._written]
-        missing = sorted(needed - self.store.existing(needed))  # usually all seen already: no git process
-        if missing:
-            raise StoreError(f"a snapshot would name {len(missing)} object(s) the store lacks, e.g. {missing[0]}",
-                             hint="nothing was recorded; run the command again")
-        return moves, [(oid, *objects[oid]) for oid in fresh]
-
-    def _move_refs(self, moves: dict[str, tuple[str, str | None]]) -> None:
-        """Move every ref to its new commit at once (all or none).
-
-        Each ref is expected at its commit's parent (absent for a root commit), or where
-        ``commit(ref_at=...)`` said. One that
-        is elsewhere (a scratch ref, a ref moved outside snapver) moves only forward, as
-        ``git fast-import`` would move it.
-        """
-        if self._update_refs({ref: (new, parent or ZERO_OID) for ref, (new, parent) in moves.items()}) is None:
-            return
-        current = self._current_refs(list(moves))
-        for ref, (new, parent) in moves.items():
-            tip = current.get(ref)
-            if tip not in (None, parent) and not self._contains(new, tip):
-                raise StoreError(f"not updating {ref}: the new snapshot {new[:10]} does not contain its tip {tip[:10]}",
-                                 hint="the ref moved while this command ran; run it again")
-        error = self._update_refs({ref: (new, current.get(ref) or ZERO_OID) for ref, (new, _) in moves.items()})
-        if error is not None:
-            raise StoreError(f"cannot move the store's refs: {error}")
-
-    def _update_refs(self, updates: dict[str, tuple[str, str]]) -> str | None:
-        """One ``update-ref --stdin`` transaction of ``{ref: (new, expected old)}``; git's error or None."""
-        lines = "".join(f"update {ref} {new} {old}\n" for ref, (new, old) in updates.items())
-        result = run_git(self.store.path, "update-ref", "--stdin", input=lines.encode())
-        if result.returncode == 0:
-            return None
-        return last_line(result.stderr, f"git update-ref exited {result.returncode}")
-
-    def _current_refs(self, names: list[str]) -> dict[str, str]:
-        out = self.store.git("for-each-ref", "--format=%(refname) %(objectname)", *names)
-        found = dict(line.split(" ", 1) for line in out.decode().splitlines())
-        return {name: found[name] for name in names if name in found}
-
-    def _contains(self, commit: str, ancestor: str) -> bool:
-        return run_git(self.store.path, "merge-base", "--is-ancestor", ancestor, commit).returncode == 0
-
-
-def tree_objects(leaves: Iterable[tuple[str, str, str]]) -> tuple[str, list[tuple[str, bytes]]]:
-    """The git trees holding ``leaves`` (path, git mode, hex blob id), as ``git write-tree`` makes them.
-
-    Returns the root tree's id and every tree as (id, content), subtrees first.
-    ValueError for a path git cannot keep (an empty, ``.`` or ``..`` part, a NUL) or one
-    that is both a file and a folder.
-    """
-    root: dict[bytes, Any] = {}
-    folders: dict[bytes, dict[bytes, Any]] = {b"": root}
-
-    def folder(path: bytes) -> dict[bytes, Any]:
-        node = folders.get(path)
-        if node is None:
-            parent, _, name = path.rpartition(b"/")
-            _check_name(name, path)
-            above = folder(parent)
-            node = above.setdefault(name, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"{_show(path)} is both a file and a folder")
-            folders[path] = node
-        return node
-
-    for path, mode, oid in leaves:
-        raw = path.encode("utf-8", "surrogateescape")
-        parent, _, name = raw.rpartition(b"/")
-        _check_name(name, raw)
-        node = folder(parent)
-        if name in node:
-            raise ValueError(f"{_show(raw)} is both a file and a folder" if isinstance(node[name], dict)
-                             else f"{_show(raw)} is named twice")
-        node[name] = (mode.encode(), bytes.fromhex(oid))
-
-    trees: list[tuple[str, bytes]] = []
-
-    def write(node: dict[bytes, Any]) -> bytes:
-        rows = []
-        for name, value in node.items():
-            if isinstance(value, dict):
-                rows.append((name + b"/", b"40000 %s\0%s" % (name, write(value))))
-            else:
-                rows.append((name, b"%s %s\0%s" % (value[0], name, value[1])))
-        rows.sort()
-        body = b"".join(row for _, row in rows)
-        oid = object_id(TREE_TYPE, body)
-        trees.append((oid.hex(), body))
-        return oid
-
-    return write(root).hex(), trees
-
-
-def _check_name(name: bytes, path: bytes) -> None:
-    if name in (b"", b".", b"..") or b"\0" in name:
-        raise ValueError(f"git cannot keep the path {_show(path)}")
-
-
-def _show(path: bytes) -> str:
-    return quote_path(path.decode("utf-8", "surrogateescape"))
-
-
-def _commit_object(tree: str, parent: str | None, message: str, when: datetime, also: tuple[str, ...] = ()) -> bytes:
-    """A commit as ``git fast-import`` writes one with only a committer (who is also the author)."""
-    stamp = int(when.timestamp())
-    offset = when.astimezone().utcoffset()
-    minutes = int(offset.total_seconds() // 60) if offset else 0
-    tz = f"{'+' if minutes >= 0 else '-'}{abs(minutes) // 60:02d}{abs(minutes) % 60:02d}"
-    who = f"{IDENTITY} {stamp} {tz}"
-    parents = "".join(f"parent {p}\n" for p in (parent, *also) if p)
-    head = f"tree {tree}\n" + parents + f"author {who}\ncommitter {who}\n\n"
-    return head.encode() + message.encode("utf-8", "surrogateescape")

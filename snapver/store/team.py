@@ -26,14 +26,16 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from snapver.errors import GitTimeoutError, RefError, RemoteError, StoreError
+from snapver.model import ZERO_OID
 from snapver.store import refs
+from snapver.store.git import git_timeout, last_line, run_git
 from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
-from snapver.store.repo import Commit, Store, git_timeout, last_line, run_git
+from snapver.store.records import MANIFEST_KINDS
+from snapver.store.repo import Commit, Store, tree_disagreements
 
 WRITER_KEY = "snapver.writer"
 # Set after a store's first sync: from then on a ref deleted here is deleted on the remote.
@@ -49,11 +51,6 @@ GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "", "GC
 # How a store that has never synced names its own writer in a TeamView (no other is there).
 LOCAL_WRITER = "(this store)"
 _TEAM_SHORT = refs.TEAM[len("refs/"):]  # "remotes/team/", as Store.refs("refs/") names them
-
-
-def moment_ns(when: datetime) -> int:
-    """A record's time to the microsecond, in nanoseconds (its meta's ``time_ns``)."""
-    return round(when.timestamp() * 1_000_000) * 1000
 
 
 def commit_moment(commit: Commit) -> int:
@@ -543,12 +540,13 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
         if strangers and not reclaim:
             raise _strangers_error(me, remote, strangers)
         synced = synced or bool(mine_there)  # what is there under our id is ours now
+        refused = None
         if mirror != remote_refs:
             changed = {name.split("/", 1)[0] for name in set(mirror) ^ set(remote_refs)}
             changed |= {name.split("/", 1)[0] for name in set(mirror) & set(remote_refs)
                         if mirror[name] != remote_refs[name]}
             tags_before = TeamView(store, all_refs).tags()[0] if _moves_tags(mirror, remote_refs) else None
-            _fetch(store, remote, timeout)
+            refused = _fetch(store, remote, timeout)
             result.fetched = sorted(changed - {me})
             if tags_before is not None:
                 result.tag_moves = _tag_moves(store, me, tags_before, mirror, remote_refs)
@@ -572,19 +570,26 @@ def sync(store: Store, remote: str, timeout: float | None = None, lock_wait: flo
             unseen = view.patch_tip(versions)[1]
             if unseen:
                 result.diverged_patches[name] = versions
+        if refused is not None:
+            raise refused
         return result
 
 
-def _fetch(store: Store, remote: str, timeout: float | None) -> None:
-    """Fetch every writer's refs into the mirror. A fetch that fails removes the temporary
+def _fetch(store: Store, remote: str, timeout: float | None) -> RemoteError | None:
+    """Fetch every writer's refs into ``refs.INCOMING``, then into the mirror those ``_admit``
+    accepts; returns the error naming a writer it refused. A fetch that fails removes the temporary
     files it began (a ``tmp_pack_*``, or a ``tmp_obj_*`` when git unpacked the objects): on
     a full disk they would keep it full, and the next sync would fail the same way."""
     objects = store.path / "objects"
     before = _git_temps(objects)
     fetched = _git_remote(store, remote, timeout, "fetch", "--prune", "--no-tags", "--no-write-fetch-head",
-                          "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.TEAM}*")
+                          "--quiet", remote, f"+{refs.REMOTE_SPACE}*:{refs.INCOMING}*")
     if fetched.returncode == 0:
-        return
+        try:
+            return _admit(store, remote)
+        finally:
+            _drop_incoming(store)
+    _drop_incoming(store)
     left = _git_temps(objects) - before
     remove_dead_writers_packs(objects / "pack", settled=0, only={path.name for path in left})
     for path in left:
@@ -596,6 +601,78 @@ def _fetch(store: Store, remote: str, timeout: float | None) -> None:
                          hint="make room for the store, then `snapver sync`; nothing changed here")
     raise RemoteError(f"cannot fetch from the remote {remote}: {reason}",
                       hint="nothing changed here; run `snapver sync` again")
+
+
+def _admit(store: Store, remote: str) -> RemoteError | None:
+    """Move each writer's mirror to the refs just fetched into ``refs.INCOMING``, once every
+    commit new here with a manifest (a snapshot, a patch, a push record) has a tree that is
+    exactly its manifest: what `fsck` checks, checked before anything here can name it. A
+    writer with one that is not is refused whole (none of its refs move); the others move in
+    one ``update-ref`` transaction. Returns the error (exit 3) naming the refused writer: the
+    sync still publishes ours (one writer's damage must not stop the team), then raises it."""
+    incoming, mirror = _ref_values(store, refs.INCOMING), _ref_values(store, refs.TEAM)
+    writers = sorted({name.split("/", 1)[0] for name in [*incoming, *mirror]})
+    checked: dict[str, list[str]] = {}  # commit -> its disagreements, once across writers
+    moves: list[str] = []
+    refused: list[tuple[str, str, str]] = []
+    for writer in writers:
+        fetched = {name: oid for name, oid in incoming.items() if name.split("/", 1)[0] == writer}
+        seen = {name: oid for name, oid in mirror.items() if name.split("/", 1)[0] == writer}
+        if fetched == seen:
+            continue
+        bad = _first_disagreement(store, sorted(set(fetched.values()) - set(seen.values())), checked)
+        if bad is not None:
+            refused.append((writer, *bad))
+            continue
+        moves += [f"update {refs.TEAM}{name} {oid} {seen.get(name, ZERO_OID)}\n"
+                  for name, oid in sorted(fetched.items()) if seen.get(name) != oid]
+        moves += [f"delete {refs.TEAM}{name} {oid}\n" for name, oid in sorted(seen.items()) if name not in fetched]
+    if moves:
+        store.git("update-ref", "--stdin", input="".join(moves).encode())
+    if not refused:
+        return None
+    writer, commit, problem = refused[0]
+    others = f"; and {len(refused) - 1} other writer(s)" if len(refused) > 1 else ""
+    return RemoteError(f"refusing what {writer!r} publishes on {remote}: commit {commit[:10]}'s manifest and "
+                       f"tree disagree ({problem}){others}",
+                       hint="nothing of that writer's was taken; the rest was synced. Ask them to run "
+                            "`snapver fsck`, then sync again")
+
+
+def _first_disagreement(store: Store, tips: list[str], checked: dict[str, list[str]]) -> tuple[str, str] | None:
+    """``(commit, why)`` of the first commit reachable from ``tips`` and from no ref of this
+    store (but those being fetched) whose manifest and tree disagree; None if there is none."""
+    if not tips:
+        return None
+    for commit in store.commits([*tips, "--not", f"--exclude={refs.REMOTE_SPACE}*", "--all"]):
+        if commit.meta.get("kind") not in MANIFEST_KINDS:
+            continue
+        if commit.id not in checked:
+            try:
+                checked[commit.id] = tree_disagreements(store.ls_tree(commit.id), store.manifest(commit.id))
+            except GitTimeoutError:
+                raise
+            except StoreError as exc:
+                checked[commit.id] = [exc.message]
+        if checked[commit.id]:
+            return commit.id, checked[commit.id][0]
+    return None
+
+
+def _ref_values(store: Store, prefix: str) -> dict[str, str]:
+    """``{name below prefix: object}`` as the refs hold them (a tag object not peeled: the
+    value an ``update-ref`` checks)."""
+    out = store.git("for-each-ref", "--format=%(objectname) %(refname)", prefix)
+    rows = (line.split(" ", 1) for line in out.decode("utf-8", "surrogateescape").splitlines() if line)
+    return {name[len(prefix):]: oid for oid, name in rows}
+
+
+def _drop_incoming(store: Store) -> None:
+    """Delete every ``refs.INCOMING`` ref: what was refused is then reachable from nothing."""
+    left = _ref_values(store, refs.INCOMING)
+    if left:
+        store.git("update-ref", "--stdin",
+                  input="".join(f"delete {refs.INCOMING}{name} {oid}\n" for name, oid in left.items()).encode())
 
 
 def _git_temps(objects: Path) -> set[Path]:

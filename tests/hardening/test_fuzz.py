@@ -20,7 +20,9 @@ from snapver.errors import SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.patch import Base, changes_from_diff
 from snapver.refs import Resolver, parse_day
-from snapver.store.repo import Store, blob_oid, format_message
+from snapver.store.objects import blob_oid
+from snapver.store.records import format_message
+from snapver.store.repo import Store
 from snapver.unidiff import apply_hunks, parse_diff
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,

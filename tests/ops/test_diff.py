@@ -24,7 +24,8 @@ from snapver.config import load_config
 from snapver.ops.diff import diff, file_diff, split_lines
 from snapver.ops.pull import pull
 from snapver.model import Change, Entry
-from snapver.store.repo import Store, blob_oid
+from snapver.store.objects import blob_oid
+from snapver.store.repo import Store
 
 TRANSPORTS = ["local", "ssh"]
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from helpers import git_blob
 
 from snapver.store.pack import (BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, _index_bytes, object_id,
                                  stored_zlib)
-from snapver.store.repo import Store, blob_oid
+from snapver.store.objects import blob_oid
+from snapver.store.repo import Store
 
 
 def _git_oid(data: bytes) -> str:

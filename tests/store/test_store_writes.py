@@ -18,7 +18,8 @@ from helpers import git_blob, git_ls_tree
 
 from snapver.errors import StoreError
 from snapver.model import Entry, Manifest
-from snapver.store.repo import Store, format_message
+from snapver.store.records import format_message
+from snapver.store.repo import Store
 
 # Names that test quoting and git's tree order: "a.py" sorts before the folder "a" ("." < "/").
 PATHS = ["top.py", "pkg/a.py", "pkg/a/b.py", "pkg/a-b", "pkg/a/deep/er/c.py", "pkg/sp ace.py", 'pkg/quo"te.py',
@@ -206,7 +207,8 @@ _KILLED_WRITER = textwrap.dedent("""
     import os, sys
     from datetime import datetime, timezone
     from snapver.model import Entry, Manifest
-    from snapver.store.repo import Store, blob_oid
+    from snapver.store.objects import blob_oid
+    from snapver.store.repo import Store
     store = Store(__import__("pathlib").Path(sys.argv[1]))
     blobs = [os.urandom(1 << 20) + bytes([i]) for i in range(24)]
     manifest = Manifest.of(Entry(f"big/{i}.bin", "f", 0o100644, len(b), "0" * 64, blob_oid(b))

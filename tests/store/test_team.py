@@ -688,3 +688,73 @@ def test_a_sync_that_fills_the_disk_leaves_no_temporary_pack(tmp_path: Path, two
     os.truncate(filler, max(0, filler.stat().st_size - (3 << 20)))
     ok(alice, "sync")
     assert ok(alice, "show", "big@latest", f"{SRT}/__init__.py").out == ""
+
+
+def replace_in_tree(config: Path, tree: str, path: str, blob: str) -> str:
+    """The tree ``tree`` with the blob at ``path`` replaced by ``blob``, built with
+    ``ls-tree`` and ``mktree`` a folder at a time (nothing of snapver's)."""
+    head, _, rest = path.partition("/")
+    rows = []
+    for row in git_out(config, "ls-tree", tree).splitlines():
+        mode_kind_oid, _, name = row.partition("\t")
+        mode, kind, oid = mode_kind_oid.split(" ")
+        if name == head:
+            oid = replace_in_tree(config, oid, rest, blob) if rest else blob
+        rows.append(f"{mode} {kind} {oid}\t{name}")
+    return git_out(config, "mktree", input="\n".join(rows) + "\n")
+
+
+def forge_snapshot(config: Path, node: str, how: str) -> str:
+    """On top of the node's newest snapshot in that store, a snapshot commit (same metadata)
+    whose manifest and tree disagree: ``tree``: the dflash worker's blob swapped in the tree,
+    the manifest as it was; ``manifest``: the manifest naming, for that file, a blob that is
+    in no store, the tree as it was. The node's branch moved to it; returns it."""
+    head = own_head(config, node)
+    tree = git_out(config, "rev-parse", f"{head}^{{tree}}")
+    if how == "tree":
+        payload = git_out(config, "hash-object", "-w", "--stdin", input=EVIL)
+        forged_tree = replace_in_tree(config, tree, DFLASH, payload)
+    else:
+        real = git_out(config, "rev-parse", f"{head}:{DFLASH}")
+        manifest = git_out(config, "cat-file", "blob", f"{head}:.snapver/manifest") + "\n"
+        assert real in manifest
+        manifest_blob = git_out(config, "hash-object", "-w", "--stdin", input=manifest.replace(real, "e" * 40))
+        forged_tree = replace_in_tree(config, tree, ".snapver/manifest", manifest_blob)
+    message = git_out(config, "log", "-1", "--format=%B", head)
+    forged = git_out(config, "commit-tree", forged_tree, "-p", head, "-m", message)
+    git_out(config, "update-ref", f"refs/heads/nodes/{node}", forged, head)
+    return forged
+
+
+@pytest.mark.parametrize("how", ["tree", "manifest"])
+def test_sync_refuses_a_writer_whose_snapshot_manifest_and_tree_disagree(tmp_path: Path, two_nodes: dict[str, Any],
+                                                                         how: str) -> None:
+    remote = bare_remote(tmp_path / "team.git")
+    alice = engineer(tmp_path, "alice", two_nodes, str(remote))
+    bob = engineer(tmp_path, "bob", two_nodes, str(remote))
+    mallory = engineer(tmp_path, "mallory", two_nodes, str(remote))
+    ok(mallory, "pull", "ct200")
+    ok(mallory, "sync")
+    ok(alice, "sync")
+    mirror_before = {name: oid for name, oid in remote_refs(tmp_path / "alice" / "snapshots").items()
+                     if name.startswith("refs/remotes/team/mallory@lab/")}
+    assert mirror_before
+    forged = forge_snapshot(mallory, "ct200", how)
+    ok(mallory, "pull", "ct129")  # a genuine snapshot of mallory's, published with the forgery
+    ok(mallory, "sync")
+    assert remote_refs(remote)["refs/snapver/mallory@lab/nodes/ct200"] == forged
+    ok(bob, "pull", "ct129")
+    one_error(snap(bob, "sync"), 3, "'mallory@lab'", forged[:10])  # refused, yet bob's own published
+    assert remote_refs(remote)["refs/snapver/bob@lab/nodes/ct129"] == own_head(bob, "ct129")
+
+    refused = snap(alice, "sync")
+    one_error(refused, 3, "'mallory@lab'", forged[:10])
+    after = remote_refs(tmp_path / "alice" / "snapshots")
+    # Nothing of mallory's moved (not even her genuine ct129 snapshot); bob's was taken.
+    assert {name: oid for name, oid in after.items() if name.startswith("refs/remotes/team/mallory@lab/")} \
+        == mirror_before
+    assert after["refs/remotes/team/bob@lab/nodes/ct129"] == remote_refs(remote)["refs/snapver/bob@lab/nodes/ct129"]
+    assert not [name for name in after if name.startswith("refs/snapver/")]
+    assert forged[:10] not in ok(alice, "log", "ct200").out
+    assert ok(alice, "show", "ct200@latest", DFLASH).out == FILES[DFLASH]
+    assert json.loads(ok(alice, "fsck", "--json").out)["ok"]

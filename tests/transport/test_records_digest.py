@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from snapver.ops.live import records_digest, records_text
-from snapver.store.repo import blob_oid
+from snapver.store.objects import blob_oid
 from snapver.transport import agent
 
 FILES = {f"pkg/m{i}.py": f"value = {i}\n" for i in range(12)} | {"pkg/sub/deep.py": "deep = 1\n",
