@@ -37,6 +37,20 @@ SQUEEZE_OVER = 16 << 10
 GREETING = b"\x00snapver-agent/1\n"
 
 
+class Record(object):
+    """The kinds of a read stream's records (``op_read``): path length (4), path, kind (1),
+    size (8), content. A STREAMED record's content comes in pieces (``_stream_file``),
+    ended by a zero length and one byte, SAME or CHANGED."""
+
+    GONE = 0  # vanished since asked for: no content
+    FILE = 1
+    LINK = 2  # the content: the link's target
+    UNREADABLE = 3  # the content: the reason (an error reply would put the stream out of step)
+    SPECIAL = 4  # the content: the line that stands for a FIFO, socket or device
+    STREAMED = 5  # a file above BIG_FILE, never held whole
+    SAME, CHANGED = 1, 0  # a STREAMED record's last byte: the file stayed the same while read, or not
+
+
 def _hashlib():
     # Imported when first needed: loading OpenSSL is a few ms of every agent's start, and an
     # unchanged re-pull, or the node that streams a first pull, hashes nothing.
@@ -541,11 +555,11 @@ def _stable_key(st):
 
 def _stream_file(where, head, emit, send_piece):
     """Send a large regular file in pieces, never held whole (the agent stays within ~50 MiB
-    whatever its size). A record of kind 5: its size (as fstat says when opened), then
-    pieces, each a 4-byte length and that many bytes, a zero length, and one byte: 1 when
-    the file stayed the same while read (inode, size, times), 0 when it changed: the client
-    discards what it received and another record for the same path follows (it is read
-    again, at most 5 times: then a kind 3 record says it keeps changing). A file whose
+    whatever its size). A STREAMED record: its size (as fstat says when opened), then
+    pieces, each a 4-byte length and that many bytes, a zero length, and one byte: SAME when
+    the file stayed the same while read (inode, size, times), CHANGED when it changed: the
+    client discards what it received and another record for the same path follows (it is
+    read again, at most 5 times: then an UNREADABLE record says it keeps changing). A file whose
     ctime is under SETTLE_NS old is read only once it stayed the same that long (it may be
     half-way through a rewrite). ``head``: the record's path part; ``emit``: bytes into
     the stream; ``send_piece``: a piece (a view of a reused buffer) into the stream."""
@@ -553,7 +567,7 @@ def _stream_file(where, head, emit, send_piece):
         try:
             fd = open_file_at(where)  # os.read: no buffered file object
         except (FileNotFoundError, NotADirectoryError):
-            emit(head + struct.pack(">BQ", 0, 0))  # vanished (since a previous try too)
+            emit(head + struct.pack(">BQ", Record.GONE, 0))  # vanished (since a previous try too)
             return
         try:
             st = os.fstat(fd)
@@ -563,7 +577,7 @@ def _stream_file(where, head, emit, send_piece):
                 settled = os.fstat(fd)
                 if _stable_key(settled) != _stable_key(st):
                     continue  # still being written: look again
-            emit(head + struct.pack(">BQ", 5, st.st_size))
+            emit(head + struct.pack(">BQ", Record.STREAMED, st.st_size))
             length = 0
             try:
                 for piece in _pieces(fd, st.st_size):
@@ -572,10 +586,10 @@ def _stream_file(where, head, emit, send_piece):
                     length += len(piece)
                     send_piece(piece)
             except OSError as exc:  # a read error half-way (EIO): end the record in step
-                emit(struct.pack(">IB", 0, 0) + head + _unreadable("%s: %s" % (where, exc.strerror or exc)))
+                emit(struct.pack(">IB", 0, Record.CHANGED) + head + _unreadable("%s: %s" % (where, exc.strerror or exc)))
                 return
             same = _stable_key(os.fstat(fd)) == _stable_key(st) and length == st.st_size
-            emit(struct.pack(">IB", 0, 1 if same else 0))
+            emit(struct.pack(">IB", 0, Record.SAME if same else Record.CHANGED))
             if same:
                 return
         finally:
@@ -585,7 +599,7 @@ def _stream_file(where, head, emit, send_piece):
 
 def _unreadable(reason):
     data = reason.encode("utf-8", "replace")
-    return struct.pack(">BQ", 3, len(data)) + data
+    return struct.pack(">BQ", Record.UNREADABLE, len(data)) + data
 
 
 def _pause_streaming(count=[0]):
@@ -841,9 +855,8 @@ def op_list(channel, request):
 def op_read(channel, request):
     """Stream the content of the asked paths, in one (optionally zlib) stream.
 
-    Record: path length (4) + path + kind (1: file, 2: link, 4: special file — the line
-    that stands for it —, 0: vanished, 3: unreadable, the content being the reason) +
-    size (8) + content. A file above BIG_FILE is a record of kind 5 instead, its content
+    Records (see ``Record`` for their kinds): path length (4) + path + kind (1) + size (8)
+    + content. A file above BIG_FILE is a STREAMED record instead, its content
     in pieces and checked after they are sent (``_stream_file``), so neither side holds it
     whole. A zero path length ends the stream. (An error reply in the middle of the
     stream would put it out of step.) A path whose folder became a symlink since it was
@@ -889,18 +902,18 @@ def op_read(channel, request):
                 where = at_path(tree, rel)
                 st = lstat_at(where)
                 if stat.S_ISLNK(st.st_mode):
-                    kind, data = 2, fs(readlink_at(where))
+                    kind, data = Record.LINK, fs(readlink_at(where))
                 elif stat.S_ISREG(st.st_mode):
-                    kind = 1
+                    kind = Record.FILE
                     try:
                         data, st = read_stable(where, st)
                     except TooBig:
                         _stream_file(where, head, emit, send_piece)
                         continue
                 else:
-                    kind, data = 4, special_text(st)
+                    kind, data = Record.SPECIAL, special_text(st)
             except (FileNotFoundError, NotADirectoryError):
-                kind, data = 0, b""
+                kind, data = Record.GONE, b""
             except (AgentError, OSError) as exc:
                 emit(head + _unreadable(str(exc)))
                 continue

@@ -27,7 +27,7 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
+from snapver.transport.agent import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
@@ -78,8 +78,8 @@ def _agent_payload() -> tuple[bytes, bytes]:
     return zlib.compress(AGENT_SOURCE, 6), zlib.compress(bytecode, 1) if bytecode else b""
 
 
-# A record of a file above the agent's BIG_FILE: its content in pieces (agent._stream_file).
-STREAMED = 5
+# The entry kind of each whole record's kind (Record.GONE: None, the path vanished).
+_ENTRY_KINDS = {Record.FILE: FILE, Record.LINK: LINK, Record.SPECIAL: SPECIAL}
 # The largest record of one piece (a file up to BIG_FILE, a link, a reason): a larger size
 # is a node out of step, never a request to hold that much.
 WHOLE_RECORD_MAX = 2 * BIG_FILE
@@ -695,9 +695,9 @@ class Transport(ABC):
                 if received <= size:  # (beyond: it grew while read, and the end says it changed)
                     yield piece
             (stable,) = take(1)
-            if stable == 0:
+            if stable == Record.CHANGED:
                 raise FileChanged(path)
-            if stable != 1 or received != size:
+            if stable != Record.SAME or received != size:
                 raise TransportError(f"{self.spec.name}: malformed file stream for {path!r}")
 
         try:
@@ -710,7 +710,7 @@ class Transport(ABC):
                 kind_code, size = struct.unpack(">BQ", take(9))
                 if path not in wanted:
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
-                if kind_code == STREAMED:
+                if kind_code == Record.STREAMED:
                     streamed = StreamedFile(path, size, pieces(path, size))
                     if whole:
                         try:
@@ -725,9 +725,9 @@ class Transport(ABC):
                 if size > WHOLE_RECORD_MAX:
                     raise TransportError(f"{self.spec.name}: sent a record of {size} bytes for {path!r}")
                 data = take(size)
-                if kind_code == 3:  # the node could not read it (the reason is the content)
+                if kind_code == Record.UNREADABLE:  # the reason is the content
                     raise TransportError(f"{self.spec.name}: {data.decode('utf-8', 'replace')}")
-                yield path, {1: FILE, 2: LINK, 4: SPECIAL}.get(kind_code), data
+                yield path, _ENTRY_KINDS.get(kind_code), data
         finally:
             if finished:
                 while self._recv_frame():  # the rest up to the stream's end
