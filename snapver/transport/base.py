@@ -2,15 +2,18 @@
 
 A transport only knows how to start ``python -c <bootstrap>`` on its node and hand
 back the process's stdin/stdout; everything else (listing, hashing, streaming files,
-writing) is the same framed protocol for every transport (see ``agent.py``).
+writing) is the same framed protocol for every transport (see ``agent/``).
 """
 
 from __future__ import annotations
 
 import json
+import marshal
+import os
 import re
 import shlex
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -19,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import repeat
-from importlib.util import MAGIC_NUMBER
+from importlib.util import MAGIC_NUMBER, cache_from_source, source_hash
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -27,33 +30,54 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
+from snapver.transport.agent import assemble
+from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
+# Not a file: the name the assembled agent's .pyc is kept under, beside its parts' own.
+_ASSEMBLED_NAME = Path(__file__).with_name("agent") / "snapver_agent.py"
+_CHECKED_HASH = (3).to_bytes(4, "little")  # a .pyc's flags: hash-based, to be checked against the source
+
+
+def _bytecode_path() -> Path:
+    return Path(cache_from_source(str(_ASSEMBLED_NAME)))
 
 
 def _agent_bytecode() -> bytes:
-    """The agent as this Python's bytecode: the body of the ``.pyc`` this process imported
-    ``snapver.transport.agent`` from, checked against the source's mtime and size as the
-    import system does; b"" without a fresh one (``PYTHONDONTWRITEBYTECODE``, -O...)."""
-    from snapver.transport import agent
-
-    spec = agent.__spec__
+    """The assembled agent as this Python's bytecode: the body of its cached ``.pyc`` when
+    that was compiled from this very source (its hash), as the import system checks a
+    hash-based ``.pyc``; b"" without a fresh one."""
     try:
-        if spec is None or not spec.cached or not spec.origin:
-            return b""
-        with open(spec.cached, "rb") as handle:
-            data = handle.read()
-        source = Path(spec.origin).stat()
+        data = _bytecode_path().read_bytes()
     except OSError:
         return b""
-    if (len(data) <= 16 or data[:4] != MAGIC_NUMBER or data[4:8] != bytes(4)  # timestamp-checked .pyc only
-            or int.from_bytes(data[8:12], "little") != int(source.st_mtime) & 0xFFFFFFFF
-            or int.from_bytes(data[12:16], "little") != source.st_size & 0xFFFFFFFF
-            or source.st_size != len(AGENT_SOURCE)):
+    if (len(data) <= 16 or data[:4] != MAGIC_NUMBER or data[4:8] != _CHECKED_HASH
+            or data[8:16] != source_hash(assemble())):
         return b""
     return data[16:]
+
+
+def _compiled_agent() -> bytes:
+    """The assembled agent compiled now, and cached for the next command unless this Python
+    writes no bytecode (``PYTHONDONTWRITEBYTECODE``, as the import system would)."""
+    source = assemble()
+    code = marshal.dumps(compile(source, "snapver-agent", "exec", dont_inherit=True))
+    if not sys.dont_write_bytecode:
+        _write_atomically(_bytecode_path(), MAGIC_NUMBER + _CHECKED_HASH + source_hash(source) + code)
+    return code
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a folder without write access: not at all)."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 _PAYLOAD_LOCK = threading.Lock()
@@ -68,14 +92,14 @@ def agent_payload() -> tuple[bytes, bytes]:
 
 @cache
 def _agent_payload() -> tuple[bytes, bytes]:
-    """What the node is sent: the source compressed (67 kB -> ~20 kB), then the same code as
-    this Python's bytecode (b"" without one). A node whose Python has the same bytecode
+    """What the node is sent: the assembled source compressed (67 kB -> ~20 kB), then the same
+    code as this Python's bytecode (cached, else compiled here). A node whose Python has the same bytecode
     magic runs the bytecode: compiling the source was ~16 ms of the node's CPU per
     connection, on every command; any other node (or a bytecode part that does not load)
     compiles the source, as before. Made when a node is first started, not at import
     (~3 ms that commands which never connect need not pay)."""
-    bytecode = _agent_bytecode()
-    return zlib.compress(AGENT_SOURCE, 6), zlib.compress(bytecode, 1) if bytecode else b""
+    bytecode = _agent_bytecode() or _compiled_agent()
+    return zlib.compress(assemble(), 6), zlib.compress(bytecode, 1)
 
 
 # The entry kind of each whole record's kind (Record.GONE: None, the path vanished).

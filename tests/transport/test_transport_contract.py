@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import pytest
 from snapver.config import parse_config
 from snapver.errors import RemotePathError, TransportError
 from snapver.model import DistInfo
+from snapver.transport.agent import PARTS, assemble
 from snapver.transport.base import StreamedFile, Transport
 from snapver.transport.connect import open_transport
 
@@ -91,13 +93,47 @@ def test_agent_is_stdlib_only_python_3_8() -> None:
     """What a node needs is its own Python: the agent must parse as 3.8 and import only the stdlib."""
     import ast
 
-    source = (Path(__file__).resolve().parents[2] / "snapver" / "transport" / "agent.py").read_text()
+    source = assemble().decode()  # the one script that ships
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and not node.level}
     assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+def test_the_assembled_agent_holds_every_part() -> None:
+    """Each part's own names are the script's (no import between parts is left to fail on a
+    node), defined in the order the parts run."""
+    import ast
+    import importlib
+
+    namespace: dict[str, object] = {"__name__": "agent_under_test"}  # not "snapver_agent": that serves
+    exec(compile(assemble(), "snapver-agent", "exec"), namespace)
+    for part in PARTS:
+        module = importlib.import_module(f"snapver.transport.agent.{part}")
+        source = Path(module.__file__ or "").read_text()
+        own = {node.name for node in ast.parse(source).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert own and own <= set(namespace), (part, own - set(namespace))
+        for name in own:  # the same code as the part's
+            assert getattr(namespace[name], "__qualname__", None) == getattr(module, name).__qualname__
+    assert b"from ." not in assemble() and b"snapver.transport" not in assemble()
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/root/.pyenv/versions/3.8.18/bin/python3.8"])
+def test_the_assembled_agent_runs_alone_in_a_bare_python(python: str) -> None:
+    """The script, as it ships, run by a Python without site-packages (-S -I): it greets and serves."""
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no {python}")
+    ping = json.dumps({"op": "ping"}).encode()
+    request = struct.pack(">I", len(ping)) + ping + struct.pack(">I", 0)  # ping, then the end
+    done = subprocess.run([python, "-S", "-I", "-c", assemble().decode()], input=request, capture_output=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    greeting = b"\x00snapver-agent/1\n"
+    assert done.stdout[:len(greeting)] == greeting
+    size = struct.unpack(">I", done.stdout[len(greeting):len(greeting) + 4])[0]
+    assert json.loads(done.stdout[len(greeting) + 4:len(greeting) + 4 + size]) == {"pong": True}
 
 
 # --------------------------------------------------------------------------- the two transports
