@@ -34,6 +34,111 @@ from snapver.transport.agent import assemble
 from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
 
+class Transport(ABC):
+    """What every transport offers the operations: one node's agent, however it is reached.
+
+    ``AgentTransport`` (below) implements all of it over the agent's protocol; a concrete
+    transport (local, ssh, mux, container) only starts the agent (``_start``)."""
+
+    spec: NodeSpec  # the node as configured
+    reached: bool  # the node answered (a login, a folder), whatever its agent did next
+    bytes_sent: int
+    bytes_received: int
+
+    @abstractmethod
+    def open(self) -> NodeInfo:
+        """Connect, start the agent and learn the node's facts."""
+
+    @abstractmethod
+    def start(self) -> Transport:
+        """``open`` without waiting: hello's reply is read when first needed."""
+
+    @property
+    @abstractmethod
+    def info(self) -> NodeInfo | None:
+        """The node's facts (python, site-packages, dists); None before ``open``."""
+
+    @property
+    @abstractmethod
+    def is_open(self) -> bool:
+        """True while the agent runs and is in step."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Say goodbye to the agent and end the session."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """End a session out of step for good, at once, saying nothing more."""
+
+    @abstractmethod
+    def cut(self) -> None:
+        """End the session at once, from any thread (an interrupt)."""
+
+    @abstractmethod
+    def list_tree(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                  want_oids: bool = True) -> Listing:
+        """List the tracked tree; files whose stat matches ``cache`` are not re-hashed."""
+
+    @abstractmethod
+    def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                        want_oids: bool = True, cache_keys: StatKeys | None = None,
+                        rows_if_unchanged: bool = True) -> Callable[[], Listing]:
+        """``list_tree`` in two steps: ask now, wait for the listing later."""
+
+    @abstractmethod
+    def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
+        """``(path, kind or None if it vanished, content)`` for ``paths``, in order, each whole."""
+
+    @abstractmethod
+    def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
+        """``read_files``, with each large file a ``StreamedFile`` (in pieces)."""
+
+    @abstractmethod
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[FileItem]]:
+        """Ask now for every path of the listing just requested; ``stream_files`` for them."""
+
+    @abstractmethod
+    def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
+        """Each path's digest on the node; None for a path that is not there."""
+
+    @abstractmethod
+    def ping(self) -> float:
+        """Seconds one request takes to come back."""
+
+    @abstractmethod
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one agent request (``check``, ``write``, ``ps``...) and return its reply."""
+
+    @abstractmethod
+    def call_within(self, seconds: float, op: str, **args: Any) -> dict[str, Any]:
+        """``call``, its reply due within ``seconds``, else the session is cut."""
+
+    @abstractmethod
+    def request(self, op: str, **args: Any) -> Callable[[], dict[str, Any]]:
+        """Send one request now; the function returned waits for its reply."""
+
+    @abstractmethod
+    def send_stream(self, chunks: Iterator[bytes], abortable: bool = True) -> None:
+        """Send a run of frames ended by an empty one (a file's content for ``write``)."""
+
+    @abstractmethod
+    def compile_sources(self, sources: list[tuple[str, bytes]]
+                        ) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
+        """Compile Python sources with the node's own interpreter: refusals, and those too large."""
+
+    @abstractmethod
+    def run_restart(self, command: str, timeout: float, deadline: float) -> dict[str, Any]:
+        """Run a restart command where the node's service is managed from."""
+
+    def __enter__(self) -> Transport:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # Not a file: the name the assembled agent's .pyc is kept under, beside its parts' own.
 _ASSEMBLED_NAME = Path(__file__).with_name("agent") / "snapver_agent.py"
 _CHECKED_HASH = (3).to_bytes(4, "little")  # a .pyc's flags: hash-based, to be checked against the source
@@ -278,8 +383,9 @@ def check_python_version(node: str, version: str, python: str = "") -> None:
                              hint=_too_old_hint(python))
 
 
-class Transport(ABC):
-    """A connection to one node's agent. Use as a context manager."""
+class AgentTransport(Transport):
+    """A connection to one node's agent, over the byte channel a concrete transport starts.
+    Use as a context manager."""
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
@@ -309,7 +415,7 @@ class Transport(ABC):
         assert info is not None
         return info
 
-    def start(self) -> "Transport":
+    def start(self) -> AgentTransport:
         """``open`` without waiting: the reply to ``hello`` is read when first needed
         (``info``, or the reply to the next request), so the first real request travels
         right behind it and the node's shell and Python start-up overlap with the caller's
@@ -385,13 +491,6 @@ class Transport(ABC):
         channel = self._channel
         if channel is not None:
             channel.end(hurry=True)
-
-    def __enter__(self) -> "Transport":
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- the protocol -----------------------------------------------------------
     def call(self, op: str, **args: Any) -> dict[str, Any]:

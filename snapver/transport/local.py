@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
 from snapver.model import StatEntry
-from snapver.transport.base import FileItem, Listing, RawChannel, StatKeys, Transport, agent_command
+from snapver.transport.base import AgentTransport, FileItem, Listing, RawChannel, StatKeys, agent_command
 
 
 def spawn(node: str, argv: list[str]) -> RawChannel:
@@ -46,7 +46,7 @@ def spawn(node: str, argv: list[str]) -> RawChannel:
     return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
 
 
-class LocalTransport(Transport):
+class LocalTransport(AgentTransport):
     """The same agent and protocol as SSH, over a subprocess's pipes."""
 
     def _start(self, command: str) -> RawChannel:

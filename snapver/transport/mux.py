@@ -34,7 +34,7 @@ from typing import Any
 
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
-from snapver.transport.base import RawChannel, Transport
+from snapver.transport.base import AgentTransport, RawChannel
 
 MUX_VERSION = 1
 
@@ -171,7 +171,7 @@ def connection_fields(spec: NodeSpec) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(spec).items() if k not in _NOT_FOR_THE_CONNECTION}
 
 
-class MuxTransport(Transport):
+class MuxTransport(AgentTransport):
     """SSH through the node's persistent connection, started on first use.
 
     Falls back to a direct connection when the background process cannot serve, so a
@@ -180,7 +180,7 @@ class MuxTransport(Transport):
 
     def __init__(self, spec: NodeSpec) -> None:
         super().__init__(spec)
-        self._direct: Transport | None = None
+        self._direct: AgentTransport | None = None
 
     def _start(self, command: str) -> RawChannel:
         path = spec_socket_path(self.spec)
