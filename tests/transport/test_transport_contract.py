@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import struct
@@ -27,6 +28,7 @@ from snapver.model import DistInfo
 from snapver.transport.agent import PARTS, assemble
 from snapver.transport.base import StreamedFile, Transport
 from snapver.transport.connect import open_transport
+from snapver.transport.mux import spec_socket_path
 
 SRT = "sglang/srt"
 EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
@@ -139,25 +141,51 @@ def test_the_assembled_agent_runs_alone_in_a_bare_python(python: str) -> None:
 # --------------------------------------------------------------------------- the two transports
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", "mux"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def mux_daemons(socket_path: Path) -> list[int]:
+    """The pids of the mux daemons serving ``socket_path`` (found in /proc, not by snapver)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # gone, or not ours to read
+            continue
+        if b"snapver.transport.mux" in argv and os.fsencode(socket_path) in argv:
+            pids.append(int(entry.name))
+    return pids
 
 
 @pytest.fixture
 def connect(request: pytest.FixtureRequest, transport_kind: str, local_node, tmp_path: Path
             ) -> Iterator[Callable[..., Transport]]:
-    """``connect(site_packages, open=True, **node_keys)`` → a Transport to that folder, closed at teardown."""
+    """``connect(site_packages, open=True, **node_keys)`` → a Transport to that folder, closed at teardown.
+
+    ``mux``: SSH through a persistent connection, its daemon this test's own (a key of its
+    own names its socket), checked to have served and ended at teardown."""
     made: list[Transport] = []
+    sockets: set[Path] = set()
 
     def make(site_packages: Path | str | None, open: bool = True, **extra) -> Transport:  # noqa: A002
         if transport_kind == "local":
             table = local_node(site_packages or "", **extra)
+        elif transport_kind == "mux":
+            key = tmp_path / "mux-key"
+            if not key.exists():
+                shutil.copy(request.getfixturevalue("sshd").identity_file, key)
+                key.chmod(0o600)
+            table = request.getfixturevalue("ssh_node")("ct200", site_packages or "", identity_file=str(key),
+                                                        control_persist=30, **extra)
         else:
             table = request.getfixturevalue("ssh_node")("ct200", site_packages or "", **extra)
         if site_packages is None:
             del table["site_packages"]
         spec = parse_config({"nodes": {"n": table}}, tmp_path / ".snapver").nodes["n"]
+        if transport_kind == "mux":
+            sockets.add(spec_socket_path(spec))
         transport = open_transport(spec)
         made.append(transport)
         if open:
@@ -167,6 +195,11 @@ def connect(request: pytest.FixtureRequest, transport_kind: str, local_node, tmp
     yield make
     for transport in made:
         transport.close()
+    for socket_path in sockets:
+        daemons = mux_daemons(socket_path)
+        for pid in daemons:
+            os.kill(pid, signal.SIGTERM)
+        assert daemons, "the mux daemon never served: the test ran over a direct connection"
 
 
 # --------------------------------------------------------------------------- hello
