@@ -36,7 +36,7 @@ from snapver.store.pack import current_umask
 from snapver.store.records import format_message
 from snapver.store.repo import BIG_BLOB, Store
 from snapver.store.team import TeamView, writer_of
-from snapver.transport import agent
+from snapver.transport.agent.listing import exclusion
 from snapver.unidiff import FileDiff, apply_delta, apply_hunks, check_delta_base, parse_diff
 
 CHECKOUTS = ".snapver-patches"
@@ -662,7 +662,7 @@ def scan_checkout(folder: Path, paths: Iterable[str], known: Manifest,
                   exclude: Iterable[str] = DEFAULT_EXCLUDE, umask: int = 0) -> tuple[Manifest, dict[str, bytes]]:
     """The tree in a checkout folder (links as links, excluded names skipped); content is
     returned only for blobs ``known`` does not hold. ``umask``: the one it was made with."""
-    excluded = agent.exclusion(list(exclude))  # the node's own rules
+    excluded = exclusion(list(exclude))  # the node's own rules
     entries: dict[str, Entry] = {}
     new_content: dict[str, bytes] = {}
     known_by_path = known.entries

@@ -1,7 +1,7 @@
 """ps: the processes on each node that run code of its tracked tree, and which of them
 may run code that differs from the files there now (restart needed).
 
-The node's agent reads ``/proc`` (``op_ps`` in ``transport/agent.py``): a process is
+The node's agent reads ``/proc`` (``op_ps`` in ``transport/agent/procs.py``): a process is
 listed when it maps or holds open a file of the tree, or is a Python that can import the
 tree (the interpreter of the prefix owning site-packages, by its binary or the libpython
 it maps; one that maps extension modules from site-packages, as a process renamed with

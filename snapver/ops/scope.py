@@ -18,9 +18,9 @@ from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config, NodeSpec
 from snapver.errors import SnapverError
 from snapver.model import Manifest
 from snapver.store.repo import Commit, Store
-from snapver.transport import agent
+from snapver.transport.agent.listing import exclusion
 
-_exclusion = functools.lru_cache(maxsize=8)(agent.exclusion)  # the agent's own rules, compiled once
+_exclusion = functools.lru_cache(maxsize=8)(exclusion)  # the agent's own rules, compiled once
 
 
 @functools.lru_cache(maxsize=8)

@@ -2,15 +2,18 @@
 
 A transport only knows how to start ``python -c <bootstrap>`` on its node and hand
 back the process's stdin/stdout; everything else (listing, hashing, streaming files,
-writing) is the same framed protocol for every transport (see ``agent.py``).
+writing) is the same framed protocol for every transport (see ``agent/``).
 """
 
 from __future__ import annotations
 
 import json
+import marshal
+import os
 import re
 import shlex
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -19,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import repeat
-from importlib.util import MAGIC_NUMBER
+from importlib.util import MAGIC_NUMBER, cache_from_source, source_hash
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -27,33 +30,159 @@ from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
-from snapver.transport.agent import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED
+from snapver.transport.agent import assemble
+from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
+class Transport(ABC):
+    """What every transport offers the operations: one node's agent, however it is reached.
+
+    ``AgentTransport`` (below) implements all of it over the agent's protocol; a concrete
+    transport (local, ssh, mux, container) only starts the agent (``_start``)."""
+
+    spec: NodeSpec  # the node as configured
+    reached: bool  # the node answered (a login, a folder), whatever its agent did next
+    bytes_sent: int
+    bytes_received: int
+
+    @abstractmethod
+    def open(self) -> NodeInfo:
+        """Connect, start the agent and learn the node's facts."""
+
+    @abstractmethod
+    def start(self) -> Transport:
+        """``open`` without waiting: hello's reply is read when first needed."""
+
+    @property
+    @abstractmethod
+    def info(self) -> NodeInfo | None:
+        """The node's facts (python, site-packages, dists); None before ``open``."""
+
+    @property
+    @abstractmethod
+    def is_open(self) -> bool:
+        """True while the agent runs and is in step."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Say goodbye to the agent and end the session."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """End a session out of step for good, at once, saying nothing more."""
+
+    @abstractmethod
+    def cut(self) -> None:
+        """End the session at once, from any thread (an interrupt)."""
+
+    @abstractmethod
+    def list_tree(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                  want_oids: bool = True) -> Listing:
+        """List the tracked tree; files whose stat matches ``cache`` are not re-hashed."""
+
+    @abstractmethod
+    def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
+                        want_oids: bool = True, cache_keys: StatKeys | None = None,
+                        rows_if_unchanged: bool = True) -> Callable[[], Listing]:
+        """``list_tree`` in two steps: ask now, wait for the listing later."""
+
+    @abstractmethod
+    def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
+        """``(path, kind or None if it vanished, content)`` for ``paths``, in order, each whole."""
+
+    @abstractmethod
+    def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
+        """``read_files``, with each large file a ``StreamedFile`` (in pieces)."""
+
+    @abstractmethod
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[FileItem]]:
+        """Ask now for every path of the listing just requested; ``stream_files`` for them."""
+
+    @abstractmethod
+    def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
+        """Each path's digest on the node; None for a path that is not there."""
+
+    @abstractmethod
+    def ping(self) -> float:
+        """Seconds one request takes to come back."""
+
+    @abstractmethod
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one agent request (``check``, ``write``, ``ps``...) and return its reply."""
+
+    @abstractmethod
+    def call_within(self, seconds: float, op: str, **args: Any) -> dict[str, Any]:
+        """``call``, its reply due within ``seconds``, else the session is cut."""
+
+    @abstractmethod
+    def request(self, op: str, **args: Any) -> Callable[[], dict[str, Any]]:
+        """Send one request now; the function returned waits for its reply."""
+
+    @abstractmethod
+    def send_stream(self, chunks: Iterator[bytes], abortable: bool = True) -> None:
+        """Send a run of frames ended by an empty one (a file's content for ``write``)."""
+
+    @abstractmethod
+    def compile_sources(self, sources: list[tuple[str, bytes]]
+                        ) -> tuple[dict[str, tuple[int | None, str]], list[str]]:
+        """Compile Python sources with the node's own interpreter: refusals, and those too large."""
+
+    @abstractmethod
+    def run_restart(self, command: str, timeout: float, deadline: float) -> dict[str, Any]:
+        """Run a restart command where the node's service is managed from."""
+
+    def __enter__(self) -> Transport:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# Not a file: the name the assembled agent's .pyc is kept under, beside its parts' own.
+_ASSEMBLED_NAME = Path(__file__).with_name("agent") / "snapver_agent.py"
+_CHECKED_HASH = (3).to_bytes(4, "little")  # a .pyc's flags: hash-based, to be checked against the source
+
+
+def _bytecode_path() -> Path:
+    return Path(cache_from_source(str(_ASSEMBLED_NAME)))
 
 
 def _agent_bytecode() -> bytes:
-    """The agent as this Python's bytecode: the body of the ``.pyc`` this process imported
-    ``snapver.transport.agent`` from, checked against the source's mtime and size as the
-    import system does; b"" without a fresh one (``PYTHONDONTWRITEBYTECODE``, -O...)."""
-    from snapver.transport import agent
-
-    spec = agent.__spec__
+    """The assembled agent as this Python's bytecode: the body of its cached ``.pyc`` when
+    that was compiled from this very source (its hash), as the import system checks a
+    hash-based ``.pyc``; b"" without a fresh one."""
     try:
-        if spec is None or not spec.cached or not spec.origin:
-            return b""
-        with open(spec.cached, "rb") as handle:
-            data = handle.read()
-        source = Path(spec.origin).stat()
+        data = _bytecode_path().read_bytes()
     except OSError:
         return b""
-    if (len(data) <= 16 or data[:4] != MAGIC_NUMBER or data[4:8] != bytes(4)  # timestamp-checked .pyc only
-            or int.from_bytes(data[8:12], "little") != int(source.st_mtime) & 0xFFFFFFFF
-            or int.from_bytes(data[12:16], "little") != source.st_size & 0xFFFFFFFF
-            or source.st_size != len(AGENT_SOURCE)):
+    if (len(data) <= 16 or data[:4] != MAGIC_NUMBER or data[4:8] != _CHECKED_HASH
+            or data[8:16] != source_hash(assemble())):
         return b""
     return data[16:]
+
+
+def _compiled_agent() -> bytes:
+    """The assembled agent compiled now, and cached for the next command unless this Python
+    writes no bytecode (``PYTHONDONTWRITEBYTECODE``, as the import system would)."""
+    source = assemble()
+    code = marshal.dumps(compile(source, "snapver-agent", "exec", dont_inherit=True))
+    if not sys.dont_write_bytecode:
+        _write_atomically(_bytecode_path(), MAGIC_NUMBER + _CHECKED_HASH + source_hash(source) + code)
+    return code
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a folder without write access: not at all)."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 _PAYLOAD_LOCK = threading.Lock()
@@ -68,18 +197,18 @@ def agent_payload() -> tuple[bytes, bytes]:
 
 @cache
 def _agent_payload() -> tuple[bytes, bytes]:
-    """What the node is sent: the source compressed (67 kB -> ~20 kB), then the same code as
-    this Python's bytecode (b"" without one). A node whose Python has the same bytecode
+    """What the node is sent: the assembled source compressed (67 kB -> ~20 kB), then the same
+    code as this Python's bytecode (cached, else compiled here). A node whose Python has the same bytecode
     magic runs the bytecode: compiling the source was ~16 ms of the node's CPU per
     connection, on every command; any other node (or a bytecode part that does not load)
     compiles the source, as before. Made when a node is first started, not at import
     (~3 ms that commands which never connect need not pay)."""
-    bytecode = _agent_bytecode()
-    return zlib.compress(AGENT_SOURCE, 6), zlib.compress(bytecode, 1) if bytecode else b""
+    bytecode = _agent_bytecode() or _compiled_agent()
+    return zlib.compress(assemble(), 6), zlib.compress(bytecode, 1)
 
 
-# A record of a file above the agent's BIG_FILE: its content in pieces (agent._stream_file).
-STREAMED = 5
+# The entry kind of each whole record's kind (Record.GONE: None, the path vanished).
+_ENTRY_KINDS = {Record.FILE: FILE, Record.LINK: LINK, Record.SPECIAL: SPECIAL}
 # The largest record of one piece (a file up to BIG_FILE, a link, a reason): a larger size
 # is a node out of step, never a request to hold that much.
 WHOLE_RECORD_MAX = 2 * BIG_FILE
@@ -254,8 +383,9 @@ def check_python_version(node: str, version: str, python: str = "") -> None:
                              hint=_too_old_hint(python))
 
 
-class Transport(ABC):
-    """A connection to one node's agent. Use as a context manager."""
+class AgentTransport(Transport):
+    """A connection to one node's agent, over the byte channel a concrete transport starts.
+    Use as a context manager."""
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
@@ -285,7 +415,7 @@ class Transport(ABC):
         assert info is not None
         return info
 
-    def start(self) -> "Transport":
+    def start(self) -> AgentTransport:
         """``open`` without waiting: the reply to ``hello`` is read when first needed
         (``info``, or the reply to the next request), so the first real request travels
         right behind it and the node's shell and Python start-up overlap with the caller's
@@ -361,13 +491,6 @@ class Transport(ABC):
         channel = self._channel
         if channel is not None:
             channel.end(hurry=True)
-
-    def __enter__(self) -> "Transport":
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- the protocol -----------------------------------------------------------
     def call(self, op: str, **args: Any) -> dict[str, Any]:
@@ -695,9 +818,9 @@ class Transport(ABC):
                 if received <= size:  # (beyond: it grew while read, and the end says it changed)
                     yield piece
             (stable,) = take(1)
-            if stable == 0:
+            if stable == Record.CHANGED:
                 raise FileChanged(path)
-            if stable != 1 or received != size:
+            if stable != Record.SAME or received != size:
                 raise TransportError(f"{self.spec.name}: malformed file stream for {path!r}")
 
         try:
@@ -710,7 +833,7 @@ class Transport(ABC):
                 kind_code, size = struct.unpack(">BQ", take(9))
                 if path not in wanted:
                     raise TransportError(f"{self.spec.name}: sent a path it was not asked for: {path!r}")
-                if kind_code == STREAMED:
+                if kind_code == Record.STREAMED:
                     streamed = StreamedFile(path, size, pieces(path, size))
                     if whole:
                         try:
@@ -725,9 +848,9 @@ class Transport(ABC):
                 if size > WHOLE_RECORD_MAX:
                     raise TransportError(f"{self.spec.name}: sent a record of {size} bytes for {path!r}")
                 data = take(size)
-                if kind_code == 3:  # the node could not read it (the reason is the content)
+                if kind_code == Record.UNREADABLE:  # the reason is the content
                     raise TransportError(f"{self.spec.name}: {data.decode('utf-8', 'replace')}")
-                yield path, {1: FILE, 2: LINK, 4: SPECIAL}.get(kind_code), data
+                yield path, _ENTRY_KINDS.get(kind_code), data
         finally:
             if finished:
                 while self._recv_frame():  # the rest up to the stream's end

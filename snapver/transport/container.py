@@ -25,7 +25,7 @@ from typing import Any, Callable
 from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
-from snapver.transport.base import RawChannel, Transport
+from snapver.transport.base import AgentTransport, RawChannel
 from snapver.transport.local import spawn
 
 OUTPUT_TAIL = 4000  # the most of a host command's output kept (its end), as the agent's run keeps
@@ -159,7 +159,7 @@ def run_host_command(start: Callable[[str], RawChannel], command: str, timeout: 
     return {"code": code, "output": output, "timed_out": timed_out or code == 124}
 
 
-class ContainerTransport(Transport):
+class ContainerTransport(AgentTransport):
     """The agent in a container; ``_host_start`` runs an argv on the container's host."""
 
     _engine_stderr = ""
@@ -227,7 +227,7 @@ class ContainerTransport(Transport):
         return words[0], words[1]
 
 
-class _HostShell(Transport):
+class _HostShell(AgentTransport):
     """This machine's /bin/sh as a transport's ``_start`` (no agent is ever started)."""
 
     def _start(self, command: str) -> RawChannel:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
 from snapver.model import StatEntry
-from snapver.transport.base import FileItem, Listing, RawChannel, StatKeys, Transport, agent_command
+from snapver.transport.base import AgentTransport, FileItem, Listing, RawChannel, StatKeys, agent_command
+
+_Kind = TypeVar("_Kind")
+_Content = TypeVar("_Content")
 
 
 def spawn(node: str, argv: list[str]) -> RawChannel:
@@ -46,7 +49,7 @@ def spawn(node: str, argv: list[str]) -> RawChannel:
     return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
 
 
-class LocalTransport(Transport):
+class LocalTransport(AgentTransport):
     """The same agent and protocol as SSH, over a subprocess's pipes."""
 
     def _start(self, command: str) -> RawChannel:
@@ -76,6 +79,15 @@ class FolderTransport(LocalTransport):
     def _to_disk(self, path: str) -> str:
         return self._rename(path, [(tracked, disk) for disk, tracked in self.roots])
 
+    def _on_disk(self, paths: list[str]) -> list[str]:
+        """Tracked paths asked for, as the agent finds them in the folder."""
+        return [self._to_disk(path) for path in paths]
+
+    def _as_tracked(self, items: Iterator[tuple[str, _Kind, _Content]]) -> Iterator[tuple[str, _Kind, _Content]]:
+        """A file stream's items, each named by the tracked path it stands for."""
+        for path, kind, data in items:
+            yield self._to_tracked(path), kind, data
+
     def request_listing(self, cache: dict[str, StatEntry] | None = None, cache_time_ns: int = 0,
                         want_oids: bool = True, cache_keys: StatKeys | None = None,
                         rows_if_unchanged: bool = True) -> Callable[[], Listing]:
@@ -90,23 +102,15 @@ class FolderTransport(LocalTransport):
         return renamed
 
     def read_files(self, paths: list[str], compress_level: int = 0) -> Iterator[tuple[str, str | None, bytes]]:
-        for path, kind, data in super().read_files([self._to_disk(p) for p in paths], compress_level):
-            yield self._to_tracked(path), kind, data
+        yield from self._as_tracked(super().read_files(self._on_disk(paths), compress_level))
 
     def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
-        for path, kind, data in super().stream_files([self._to_disk(p) for p in paths], compress_level):
-            yield self._to_tracked(path), kind, data
+        yield from self._as_tracked(super().stream_files(self._on_disk(paths), compress_level))
 
-    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[
-            tuple[str, str | None, bytes]]]:
+    def request_listed_files(self, compress_level: int = 0) -> Callable[[list[str]], Iterator[FileItem]]:
         stream = super().request_listed_files(compress_level)
-
-        def renamed(paths: list[str]) -> Iterator[tuple[str, str | None, bytes]]:
-            for path, kind, data in stream([self._to_disk(p) for p in paths]):
-                yield self._to_tracked(path), kind, data
-
-        return renamed
+        return lambda paths: self._as_tracked(stream(self._on_disk(paths)))
 
     def hash_files(self, paths: list[str], algo: str = "sha256") -> dict[str, str | None]:
-        hashes = super().hash_files([self._to_disk(p) for p in paths], algo)
+        hashes = super().hash_files(self._on_disk(paths), algo)
         return {self._to_tracked(path): digest for path, digest in hashes.items()}

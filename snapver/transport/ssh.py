@@ -26,7 +26,7 @@ from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from snapver.config import NodeSpec
 from snapver.errors import HostKeyError, TransportError
-from snapver.transport.base import RawChannel, Transport
+from snapver.transport.base import AgentTransport, RawChannel
 from snapver.transport.chunks import ByteQueue
 from snapver.transport.early import EarlyConnection
 
@@ -276,7 +276,7 @@ def _why_not_connected(exc: BaseException) -> str:
     return reason[:1].lower() + reason[1:]
 
 
-class SshTransport(Transport):
+class SshTransport(AgentTransport):
     """The agent runs in the node's Python, over one SSH connection."""
 
     def __init__(self, spec: NodeSpec, early: EarlyConnection | None = None) -> None:

@@ -144,7 +144,7 @@ def test_the_compile_op_holds_one_bounded_file_at_a_time(node: Path, tmp_path: P
     """The agent compiles each streamed source on its own; one larger than it holds at once
     is listed unchecked (never read into memory), and the session stays in step."""
     from snapver.config import load_config
-    from snapver.transport.agent import COMPILE_MAX
+    from snapver.transport.agent.writing import COMPILE_MAX
     from snapver.transport.connect import open_transport
 
     spec = load_config(str(tmp_path / ".snapver")).nodes["ct200"]

@@ -334,7 +334,7 @@ def test_the_background_compaction_pull_starts_is_not_listed(make_node, run_snap
 def test_snapvers_own_agents_are_recognised_by_their_command_line():
     """Pure: the agent's bootstrap, the compaction and the persistent connection's command
     lines are snapver's; a user's process named like them is not."""
-    from snapver.transport.agent import is_snapvers
+    from snapver.transport.agent.procs import is_snapvers
     from snapver.transport.base import agent_command
 
     bootstrap = agent_command("/venv/bin/python", no_site=True)

@@ -256,7 +256,7 @@ def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(ven
 
 
 def test_secret_looking_values_are_masked_on_the_node():
-    from snapver.transport.agent import mask_command
+    from snapver.transport.agent.procs import mask_command
 
     argv = ["python", "-m", "sglang.launch_server", "--api-key", "sk-1", "--tokenizer-path", "/t", "HF_TOKEN=hf_2",
             "--password=pw3", "--auth-token", "tok4", "--model-path", "/m", "MY_SECRET=s5", "--key", "k"]
@@ -557,7 +557,7 @@ def test_rollback_in_waves_stops_at_a_failed_wave(venv_nodes, run_snapver):
 
 
 def test_hidepid_mounts_are_read_from_the_last_proc_mount():
-    from snapver.transport.agent import hidepid_of
+    from snapver.transport.agent.procs import hidepid_of
 
     plain = "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
     assert hidepid_of(plain) == ""

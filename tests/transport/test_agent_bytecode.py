@@ -5,7 +5,7 @@ another magic, a bytecode part that does not load, or none at all. Over a real s
 from __future__ import annotations
 
 import marshal
-import py_compile
+import sys
 import zlib
 from pathlib import Path
 
@@ -13,7 +13,8 @@ import pytest
 from helpers import toml_dumps
 
 from snapver.config import load_config
-from snapver.transport import agent, base
+from snapver.transport import base
+from snapver.transport.agent import assemble
 from snapver.transport.connect import open_transport
 
 FILES = {"sglang/srt/a.py": "a = 1\n"}
@@ -38,12 +39,12 @@ def node_config(sshd, make_site_packages, ssh_node, tmp_path: Path) -> Path:
 
 
 def test_same_magic_runs_the_bytecode_and_anything_else_the_source(node_config: Path, monkeypatch) -> None:
-    source = zlib.compress(base.AGENT_SOURCE, 6)
+    source = zlib.compress(assemble(), 6)
 
     def sending(bytecode: bytes) -> None:
         monkeypatch.setattr(base, "agent_payload", lambda: (source, bytecode))
 
-    sending(zlib.compress(marshal.dumps(compile(base.AGENT_SOURCE, "snapver-agent", "exec")), 1))
+    sending(zlib.compress(marshal.dumps(compile(assemble(), "snapver-agent", "exec")), 1))
     assert loaded_as(node_config) == "bytecode"
     monkeypatch.setattr(base, "MAGIC_NUMBER", b"\x00\x00\r\n")  # a node with another Python
     assert loaded_as(node_config) == "source"
@@ -55,16 +56,16 @@ def test_same_magic_runs_the_bytecode_and_anything_else_the_source(node_config: 
 
 
 def test_the_bytecode_is_the_fresh_pyc_of_the_agent_and_never_a_stale_one(tmp_path: Path, monkeypatch) -> None:
-    spec = agent.__spec__
-    assert spec is not None and spec.origin and spec.cached
-    py_compile.compile(spec.origin, cfile=spec.cached, doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    cached = tmp_path / "__pycache__" / "snapver_agent.pyc"
+    monkeypatch.setattr(base, "_bytecode_path", lambda: cached)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    base._compiled_agent()  # as the first command that connects makes it
     code = marshal.loads(base._agent_bytecode())
-    assert code.co_filename == spec.origin and "op_hello" in code.co_names
-    # A .pyc of another source (here: its recorded size no longer matches) is not sent.
-    data = bytearray(Path(spec.cached).read_bytes())
+    assert code.co_filename == "snapver-agent" and "op_hello" in code.co_names
+    # A .pyc of another source (here: its recorded source hash no longer matches) is not sent.
+    data = bytearray(cached.read_bytes())
     data[12:16] = (int.from_bytes(data[12:16], "little") + 1).to_bytes(4, "little")
     stale = tmp_path / "stale.pyc"
     stale.write_bytes(bytes(data))
-    monkeypatch.setattr(spec, "cached", str(stale))
+    monkeypatch.setattr(base, "_bytecode_path", lambda: stale)
     assert base._agent_bytecode() == b""

@@ -4,22 +4,19 @@ since it was listed (grown, shrunk, replaced), never a short or padded read."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-AGENT = Path(__file__).resolve().parents[2] / "snapver" / "transport" / "agent.py"
+from snapver.transport.agent import assemble
 
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("agent_under_test", AGENT)  # not "snapver_agent": that serves
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = ModuleType("agent_under_test")  # not "snapver_agent": that serves
+    exec(compile(assemble(), "snapver-agent", "exec"), module.__dict__)  # the script the node runs
     return module
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from snapver.transport.agent import exclusion
+from snapver.transport.agent.listing import exclusion
 
 CASES = [
     # patterns, name, relpath, is_dir, excluded?

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from snapver.transport.agent import MIN_PYTHON
+from snapver.transport.agent.wire import MIN_PYTHON
 
 PYENV = Path("/root/.pyenv/versions")
 

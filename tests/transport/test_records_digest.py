@@ -23,7 +23,7 @@ import pytest
 
 from snapver.ops.live import records_digest, records_text
 from snapver.store.objects import blob_oid
-from snapver.transport import agent
+from snapver.transport.agent import listing, wire
 
 FILES = {f"pkg/m{i}.py": f"value = {i}\n" for i in range(12)} | {"pkg/sub/deep.py": "deep = 1\n",
                                                                   "pkg/sub/caf\u00e9 x.py": "x = 1\n"}
@@ -61,7 +61,7 @@ def _list(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> d
     return _list_on(site, frame, digest, cache_time_ns)[0]
 
 
-def _list_on(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> tuple[dict, agent.Channel]:
+def _list_on(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -> tuple[dict, wire.Channel]:
     """``_list``, and the channel it ran on (its ``listed`` paths)."""
     wire_in = io.BytesIO(struct.pack(">I", len(frame)) + frame)
     wire_out = io.BytesIO()
@@ -69,23 +69,23 @@ def _list_on(site: Path, frame: bytes, digest: str | None, cache_time_ns: int) -
                "delta": True, "cache_frame": True, "site_packages": str(site)}
     if digest is not None:
         request.update(records_digest=digest, records=len(FILES))
-    channel = agent.Channel(wire_in, wire_out)
-    agent.op_list(channel, request)
+    channel = wire.Channel(wire_in, wire_out)
+    listing.op_list(channel, request)
     data = wire_out.getvalue()
     (size,) = struct.unpack(">I", data[:4])
     body = data[4:]
-    return json.loads(zlib.decompress(body) if size & agent.SQUEEZED else body), channel
+    return json.loads(zlib.decompress(body) if size & wire.SQUEEZED else body), channel
 
 
 def _between_walk_and_reads(monkeypatch, change) -> None:
     """Run ``change`` once the walk is done, before the files taken as unchanged are checked."""
-    real_check = agent._Records.all_found
+    real_check = listing._Records.all_found
 
     def change_then_check(self):
         change()
         return real_check(self)
 
-    monkeypatch.setattr(agent._Records, "all_found", change_then_check)
+    monkeypatch.setattr(listing._Records, "all_found", change_then_check)
 
 
 def _frame(records: str) -> bytes:
@@ -150,7 +150,7 @@ def test_a_folder_swapped_for_a_link_before_the_changed_files_are_read_is_never_
         os.symlink(outside, site / "pkg/sub")
 
     _between_walk_and_reads(monkeypatch, swap)
-    with pytest.raises(agent.AgentError) as failed:
+    with pytest.raises(wire.AgentError) as failed:
         _list(site, _frame(records), records_digest(records), _cache_time())
     assert "symlink" in str(failed.value) and "changed while listed" in str(failed.value)
 
@@ -174,6 +174,6 @@ def test_a_file_swapped_for_a_folder_before_it_is_read_fails_the_listing(site: P
         (site / "pkg/m2.py/inner.py").write_text("inner = 1\n")
 
     _between_walk_and_reads(monkeypatch, swap)
-    with pytest.raises(agent.AgentError) as failed:
+    with pytest.raises(wire.AgentError) as failed:
         _list(site, _frame(records), records_digest(records), _cache_time())
     assert "pkg/m2.py: changed while listed" in str(failed.value)

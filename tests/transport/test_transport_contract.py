@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,10 @@ import pytest
 from snapver.config import parse_config
 from snapver.errors import RemotePathError, TransportError
 from snapver.model import DistInfo
+from snapver.transport.agent import PARTS, assemble
 from snapver.transport.base import StreamedFile, Transport
 from snapver.transport.connect import open_transport
+from snapver.transport.mux import spec_socket_path
 
 SRT = "sglang/srt"
 EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
@@ -91,7 +95,7 @@ def test_agent_is_stdlib_only_python_3_8() -> None:
     """What a node needs is its own Python: the agent must parse as 3.8 and import only the stdlib."""
     import ast
 
-    source = (Path(__file__).resolve().parents[2] / "snapver" / "transport" / "agent.py").read_text()
+    source = assemble().decode()  # the one script that ships
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
@@ -100,28 +104,88 @@ def test_agent_is_stdlib_only_python_3_8() -> None:
     assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
+def test_the_assembled_agent_holds_every_part() -> None:
+    """Each part's own names are the script's (no import between parts is left to fail on a
+    node), defined in the order the parts run."""
+    import ast
+    import importlib
+
+    namespace: dict[str, object] = {"__name__": "agent_under_test"}  # not "snapver_agent": that serves
+    exec(compile(assemble(), "snapver-agent", "exec"), namespace)
+    for part in PARTS:
+        module = importlib.import_module(f"snapver.transport.agent.{part}")
+        source = Path(module.__file__ or "").read_text()
+        own = {node.name for node in ast.parse(source).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert own and own <= set(namespace), (part, own - set(namespace))
+        for name in own:  # the same code as the part's
+            assert getattr(namespace[name], "__qualname__", None) == getattr(module, name).__qualname__
+    assert b"from ." not in assemble() and b"snapver.transport" not in assemble()
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/root/.pyenv/versions/3.8.18/bin/python3.8"])
+def test_the_assembled_agent_runs_alone_in_a_bare_python(python: str) -> None:
+    """The script, as it ships, run by a Python without site-packages (-S -I): it greets and serves."""
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no {python}")
+    ping = json.dumps({"op": "ping"}).encode()
+    request = struct.pack(">I", len(ping)) + ping + struct.pack(">I", 0)  # ping, then the end
+    done = subprocess.run([python, "-S", "-I", "-c", assemble().decode()], input=request, capture_output=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    greeting = b"\x00snapver-agent/1\n"
+    assert done.stdout[:len(greeting)] == greeting
+    size = struct.unpack(">I", done.stdout[len(greeting):len(greeting) + 4])[0]
+    assert json.loads(done.stdout[len(greeting) + 4:len(greeting) + 4 + size]) == {"pong": True}
+
+
 # --------------------------------------------------------------------------- the two transports
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", "mux"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def mux_daemons(socket_path: Path) -> list[int]:
+    """The pids of the mux daemons serving ``socket_path`` (found in /proc, not by snapver)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # gone, or not ours to read
+            continue
+        if b"snapver.transport.mux" in argv and os.fsencode(socket_path) in argv:
+            pids.append(int(entry.name))
+    return pids
 
 
 @pytest.fixture
 def connect(request: pytest.FixtureRequest, transport_kind: str, local_node, tmp_path: Path
             ) -> Iterator[Callable[..., Transport]]:
-    """``connect(site_packages, open=True, **node_keys)`` → a Transport to that folder, closed at teardown."""
+    """``connect(site_packages, open=True, **node_keys)`` → a Transport to that folder, closed at teardown.
+
+    ``mux``: SSH through a persistent connection, its daemon this test's own (a key of its
+    own names its socket), checked to have served and ended at teardown."""
     made: list[Transport] = []
+    sockets: set[Path] = set()
 
     def make(site_packages: Path | str | None, open: bool = True, **extra) -> Transport:  # noqa: A002
         if transport_kind == "local":
             table = local_node(site_packages or "", **extra)
+        elif transport_kind == "mux":
+            key = tmp_path / "mux-key"
+            if not key.exists():
+                shutil.copy(request.getfixturevalue("sshd").identity_file, key)
+                key.chmod(0o600)
+            table = request.getfixturevalue("ssh_node")("ct200", site_packages or "", identity_file=str(key),
+                                                        control_persist=30, **extra)
         else:
             table = request.getfixturevalue("ssh_node")("ct200", site_packages or "", **extra)
         if site_packages is None:
             del table["site_packages"]
         spec = parse_config({"nodes": {"n": table}}, tmp_path / ".snapver").nodes["n"]
+        if transport_kind == "mux":
+            sockets.add(spec_socket_path(spec))
         transport = open_transport(spec)
         made.append(transport)
         if open:
@@ -131,6 +195,11 @@ def connect(request: pytest.FixtureRequest, transport_kind: str, local_node, tmp
     yield make
     for transport in made:
         transport.close()
+    for socket_path in sockets:
+        daemons = mux_daemons(socket_path)
+        for pid in daemons:
+            os.kill(pid, signal.SIGTERM)
+        assert daemons, "the mux daemon never served: the test ran over a direct connection"
 
 
 # --------------------------------------------------------------------------- hello
