@@ -580,11 +580,12 @@ class AgentTransport(Transport):
 
     def _read_greeting(self) -> None:
         """Read the agent's GREETING, which comes before any reply, within the node's
-        ``connect_timeout``. Anything else there was printed by the node before the agent
-        started (a login banner, a shell rc file, a printing sitecustomize): read as a
-        frame's length, it would have the client wait for gigabytes that never come."""
+        ``connect_timeout`` (at least AGENT_START_MIN). Anything else there was printed by the
+        node before the agent started (a login banner, a shell rc file, a printing
+        sitecustomize): read as a frame's length, it would have the client wait for
+        gigabytes that never come. A banner is refused as soon as it arrives."""
         self._greeted = True
-        seconds = self.spec.connect_timeout
+        seconds = max(self.spec.connect_timeout, AGENT_START_MIN)
         with self._deadline(seconds) as expired:
             try:
                 head = self._read_exact(len(GREETING))
@@ -906,6 +907,9 @@ def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:
     return None
 
 
+# Starting the node's Python and the agent takes longer than a TCP connect on a busy node:
+# a connect_timeout below this does not cut an agent that is still starting.
+AGENT_START_MIN = 5.0
 # The most read of what a node printed before its agent, to quote it.
 PRINTED_MAX = 512
 PRINTED_SHOWN = 80

@@ -21,7 +21,7 @@ SRT = "sglang/srt"
 BANNER_ADDRESS = "127.0.0.201"
 HUNG_ADDRESS = "127.0.0.202"
 BANNER = "Welcome to ct200! Authorized use only."
-CONNECT_TIMEOUT = 3
+CONNECT_TIMEOUT = 5  # the agent's start is given at least AGENT_START_MIN (5 s)
 # What start-up (Python, imports) may add on a busy 2-core machine beyond the deadline.
 SLACK = 15
 
