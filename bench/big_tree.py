@@ -46,8 +46,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, baseline_env, bench_env, interleave, print_table,  # noqa: E402
-                    run, run_measured)
+from common import (  # noqa: E402
+    REPO_ROOT,
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    baseline_env,
+    bench_env,
+    interleave,
+    print_table,
+    run,
+    run_measured,
+)
 
 TORCH_VERSION = "2.14.1"
 CACHE_ENV = "SNAPVER_BENCH_TORCH_CACHE"

@@ -55,7 +55,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, baseline_env, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
+from common import (  # noqa: E402
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    baseline_env,
+    bench_env,
+    interleave,
+    machine_cpu_seconds,
+    median,
+    run_measured,
+    run_measured_all,
+)
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"

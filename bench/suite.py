@@ -46,8 +46,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, median, run,  # noqa: E402
-                    run_measured, run_measured_all)
+from common import (  # noqa: E402
+    REPO_ROOT,
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    bench_env,
+    interleave,
+    median,
+    run,
+    run_measured,
+    run_measured_all,
+)
 from helpers import toml_dumps  # noqa: E402
 
 if str(REPO_ROOT) not in sys.path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -46,7 +46,7 @@ def load_commands(module: str | None = None) -> None:
 class LazyGroup(TyperGroup):
     """The root command: builds a subcommand the first time it is asked for."""
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Optional[Command]:
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Command | None:
         if cmd_name not in self.commands:
             load_commands(COMMANDS.get(cmd_name))
             self._refresh()
@@ -67,7 +67,7 @@ class LazyGroup(TyperGroup):
         self._refresh()
         return list(self.commands)
 
-    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: Optional[str] = None) -> None:
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: str | None = None) -> None:
         if os.environ.get(COMPLETE_VAR):  # typer's bash/zsh/fish classes, registered only now
             from snapver.cli.completion import init_completion
 
@@ -156,7 +156,7 @@ def _install_completion(value: bool) -> None:
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
+    config: Path | None = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
                                           "else .snapver here or in a parent).", show_default=False),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),

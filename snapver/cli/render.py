@@ -12,7 +12,8 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from snapver.cli.state import STATE
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 PLAIN_WIDTH = 400
 
 
-def console(stderr: bool = False) -> Union[Console, PlainConsole]:
+def console(stderr: bool = False) -> Console | PlainConsole:
     """A console for stdout or stderr; off a terminal, lines are never wrapped or cut."""
     stream = sys.stderr if stderr else sys.stdout
     if not stderr and isinstance(stream, HeldOutput):  # a terminal's output, held for the pager
@@ -35,8 +36,8 @@ def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     return PlainConsole(stderr, not STATE.color)
 
 
-def rich_console(stderr: bool, width: Optional[int], no_color: bool,
-                 force_terminal: Optional[bool] = None) -> Console:
+def rich_console(stderr: bool, width: int | None, no_color: bool,
+                 force_terminal: bool | None = None) -> Console:
     return _console_class()(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
                             force_terminal=force_terminal)
 
@@ -88,7 +89,7 @@ class PlainConsole:
     def __init__(self, stderr: bool = False, no_color: bool = False) -> None:
         self.stderr = stderr
         self.no_color = no_color
-        self._rich: Optional[Console] = None
+        self._rich: Console | None = None
 
     def print(self, *objects: Any, **options: Any) -> None:
         plain = len(objects) == 1 and options.keys() <= {"style"} and options.get("style") is None
@@ -130,7 +131,7 @@ def reader_gone() -> NoReturn:
     raise SystemExit(STATE.outcome)
 
 
-def plain_text(markup: object) -> Optional[str]:
+def plain_text(markup: object) -> str | None:
     """``markup`` as rich prints it off a terminal (without the newline), or None when unsure."""
     if not isinstance(markup, str):
         return None
@@ -172,7 +173,7 @@ PATH_COLUMNS = frozenset({"site-packages", "python"})
 MIN_PATH = 10  # a path column keeps at least this many characters
 
 
-def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it.
 
     On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
@@ -242,7 +243,7 @@ def elide_middle(markup: str, width: int) -> str:
     return escape(plain[:head] + "…" + plain[len(plain) - (keep - head):])
 
 
-def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator: str = "  ",
+def fields_line(out: Console | PlainConsole, fields: list[str], separator: str = "  ",
                 indent: int = 4) -> str:
     """Markup ``fields`` joined by ``separator`` on one line; on a terminal too narrow for it
     (and without `-w/--wide`), broken between fields, never inside one (a date stays whole),
@@ -265,7 +266,7 @@ def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator:
     return "\n".join(lines)
 
 
-def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Optional[str]:
+def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str | None:
     """The lines rich prints for such a table off a terminal, or None when unsure.
 
     Every column is as wide as its widest cell; two spaces between columns, none at the
@@ -394,7 +395,7 @@ def screen_lines(text: bytes, columns: int) -> int:
     return count - (1 if text.endswith(b"\n") else 0)
 
 
-def pager_command(config_pager: Union[bool, str, None]) -> Optional[str]:
+def pager_command(config_pager: bool | str | None) -> str | None:
     """The pager to run, as git picks it, or None: none wanted (`cat` or empty is none)."""
     if config_pager is False:
         return None
@@ -428,7 +429,7 @@ def release_to_pager() -> None:
         sys.stdout.flush()
 
 
-def _configured_pager() -> Union[bool, str, None]:
+def _configured_pager() -> bool | str | None:
     """`[ui] pager` of the config, or None (unset, or no config to read)."""
     from snapver.errors import SnapverError
 

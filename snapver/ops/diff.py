@@ -14,20 +14,41 @@ from __future__ import annotations
 import difflib
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import UsageError
-from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, ZERO_OID, Change, Entry, Manifest,
-                           compare_manifests, quote_path)
+from snapver.model import (
+    ADDED,
+    DELETED,
+    FILE,
+    LINK,
+    MODIFIED,
+    TYPE_CHANGED,
+    ZERO_OID,
+    Change,
+    Entry,
+    Manifest,
+    compare_manifests,
+    quote_path,
+)
 from snapver.ops.scope import LeftOut, unrecorded_note, within_both
-from snapver.ops.trees import (Side, load_sides, match_operand, normalize_paths, read_contents, select_paths, side_scope,
-                               tracked_roots)
+from snapver.ops.trees import (
+    Side,
+    load_sides,
+    match_operand,
+    normalize_paths,
+    read_contents,
+    select_paths,
+    side_scope,
+    tracked_roots,
+)
 from snapver.refs import Resolver, TreeRef
-from snapver.unidiff import split_lines
 from snapver.store.repo import Store
 from snapver.transport.connect import Starting
+from snapver.unidiff import split_lines
 
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
 # A file above this is shown as binary without being read (git's core.bigFileThreshold

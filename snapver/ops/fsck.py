@@ -8,9 +8,9 @@ corrupt object ends one, so one bad object never hides the rest (nor crashes the
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import blake3
 

@@ -27,10 +27,10 @@ import blake3
 
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, RemotePathError, UsageError
+from snapver.folders import FolderTree, resolve_folder, tracked_paths
 from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.snapshot import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
-from snapver.folders import FolderTree, resolve_folder, tracked_paths
 from snapver.refs import parse_day
 from snapver.store import refs
 from snapver.store.importer import Importer

@@ -10,19 +10,25 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from snapver.model import FILE, StatEntry
 from snapver.store import refs
-from snapver.store.cache import (STAT_CACHE_VERSION, STAT_KEYS_VERSION, of_version, stat_cache_path, stat_keys_path,
-                                 write_atomic)
+from snapver.store.cache import (
+    STAT_CACHE_VERSION,
+    STAT_KEYS_VERSION,
+    of_version,
+    stat_cache_path,
+    stat_keys_path,
+    write_atomic,
+)
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, StatKeys, Transport
-
 
 BY_PATH = attrgetter("path")  # the order of a keys file's records, and of its cache's blob ids
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
 from datetime import datetime
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import RefError, UsageError

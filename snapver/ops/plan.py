@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError
@@ -33,7 +34,7 @@ class Live:
     mode: int
 
     @classmethod
-    def of(cls, state: list[Any] | None) -> "Live | None":
+    def of(cls, state: list[Any] | None) -> Live | None:
         return None if state is None else cls(state[0], state[1], state[2])
 
     def matches(self, entry: Entry | None, with_mode: bool) -> bool:

@@ -15,9 +15,10 @@ import io
 import posixpath
 import re
 import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from snapver.errors import RemotePathError
 from snapver.model import DistInfo, is_safe_relpath

@@ -18,20 +18,27 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
-from snapver.ops.log import tags_by_commit
 from snapver.ops.ledger import newest_record
-from snapver.ops.ps import processes_of
 from snapver.ops.live import request_live
-from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
-                                record_paths)
+from snapver.ops.log import tags_by_commit
+from snapver.ops.ps import processes_of
+from snapver.ops.record import (
+    ContentDigests,
+    RecordEntry,
+    SharedRecords,
+    compare_with_record,
+    record_hashes,
+    record_paths,
+)
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.store import refs

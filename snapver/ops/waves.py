@@ -11,9 +11,10 @@ says which (``why``), for the caller to undo the finished waves by one rule.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver import interrupt
 from snapver.config import parse_waves

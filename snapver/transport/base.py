@@ -18,13 +18,14 @@ import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from itertools import repeat
 from importlib.util import MAGIC_NUMBER, cache_from_source, source_hash
+from itertools import repeat
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 from snapver import interrupt
 from snapver.config import NodeSpec
@@ -33,6 +34,7 @@ from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is
 from snapver.transport.agent import assemble
 from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
+
 
 class Transport(ABC):
     """What every transport offers the operations: one node's agent, however it is reached.

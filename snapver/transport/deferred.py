@@ -18,7 +18,8 @@ import importlib.machinery
 import sys
 import threading
 import types
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _LOCK = threading.RLock()
 _REAL_LOADER = "__snapver_deferred_loader__"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from snapver.config import NodeSpec
 from snapver.errors import TransportError

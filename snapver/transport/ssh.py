@@ -312,7 +312,7 @@ class SshTransport(AgentTransport):
         except paramiko.AuthenticationException as exc:
             raise TransportError(f"{spec.name}: authentication failed for {spec.address}: {exc}",
                                  hint="check user and identity_file") from exc
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise TransportError(f"{spec.name}: {spec.address} did not answer within "
                                  f"{spec.connect_timeout:g} s") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:

@@ -14,10 +14,10 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import Result
 
 import snapver

@@ -19,8 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, hostile_python, kill_sessions_once, live_blob_ids,
-                      pack_bytes, snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
+from faultkit import (
+    CuttingProxy,
+    all_refs,
+    assert_store_sound,
+    hostile_python,
+    kill_sessions_once,
+    live_blob_ids,
+    pack_bytes,
+    snapshot_blob_ids,
+    sshd_session_pids,
+    start_snapver,
+    wait_for,
+)
 
 SRT = "sglang/srt"
 MID_TRANSFER = 8 << 20  # bytes of the 32 MB in the store when the fault strikes

@@ -21,9 +21,9 @@ from helpers import toml_dumps, tree_hashes
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
+from snapver.model import Change, Entry
 from snapver.ops.diff import diff, file_diff, split_lines
 from snapver.ops.pull import pull
-from snapver.model import Change, Entry
 from snapver.store.objects import blob_oid
 from snapver.store.repo import Store
 

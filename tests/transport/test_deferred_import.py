@@ -42,8 +42,8 @@ def probe(tmp_path: Path):
 
 
 def test_the_code_runs_when_a_name_is_first_read_and_once(probe: Path) -> None:
-    from snapver_deferred_probe import slow  # noqa: F401 - bound, not run
     import snapver_deferred_probe
+    from snapver_deferred_probe import slow  # noqa: F401 - bound, not run
 
     assert snapver_deferred_probe.runs == []
     assert slow.last == "last"  # the module's own `from . import sibling` worked
@@ -55,8 +55,8 @@ def test_the_code_runs_when_a_name_is_first_read_and_once(probe: Path) -> None:
 
 
 def test_a_second_thread_waits_for_the_whole_module(probe: Path) -> None:
-    from snapver_deferred_probe import slow
     import snapver_deferred_probe
+    from snapver_deferred_probe import slow
 
     seen: list[object] = []
 
