@@ -37,7 +37,7 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 from helpers import Result, Sshd, toml_dumps  # noqa: E402
-from helpers import local_node as _local_node
+from helpers import local_node as _local_node  # noqa: E402
 
 REPO_ROOT = TESTS_DIR.parent
 FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures"

@@ -335,7 +335,7 @@ def _resolve_names(diffs: list[FileDiff], base: Base, strip: int | None, source:
 
     levels = [strip] if strip is not None else [0, 1, 2, 3]
     tried = [(level, *at(level)) for level in levels]
-    for level, names, problems in tried:
+    for _level, names, problems in tried:
         if not problems:
             return names
     level, _, problems = min(tried, key=lambda t: (len(t[2]), t[0]))

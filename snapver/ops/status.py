@@ -595,7 +595,7 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
         show_mode = len({(key[0], key[2]) for key in contents if key is not None}) > 1
         letters: dict[Any, str] = {}
         legend: list[LegendItem] = []
-        for node, entry in states:
+        for _node, entry in states:
             key = _content(entry) if entry is not None else None
             if entry is None or key in letters:
                 continue

@@ -51,7 +51,7 @@ def test_the_code_runs_when_a_name_is_first_read_and_once(probe: Path) -> None:
     assert snapver_deferred_probe.runs == [1]
     assert type(slow).__name__ == "module"  # an ordinary module from then on
     with pytest.raises(AttributeError):
-        slow.missing
+        _ = slow.missing
 
 
 def test_a_second_thread_waits_for_the_whole_module(probe: Path) -> None:

@@ -114,7 +114,7 @@ def _uid_of(pid):
     return -1
 
 
-def _user_name(uid, names={}):
+def _user_name(uid, names={}):  # noqa: B006 - a cache kept across calls on purpose
     if uid not in names:
         try:
             import pwd
@@ -422,7 +422,7 @@ def op_ps(channel, request):
     for row in found:
         files = _stale_by_ctime(row, site, modules)
         mapped = {}
-        for rel, (inode, deleted) in sorted(row["mapped"].items()):
+        for rel in sorted(row["mapped"]):
             mapped[rel] = {"replaced": any(item["path"] == rel and item["certain"] for item in files)}
         processes.append({"pid": row["pid"], "user": row["user"], "uid": row["uid"],
                           "command": mask_command(row["argv"]), "comm": row["comm"],

@@ -161,7 +161,7 @@ def _unreadable(reason):
     return struct.pack(">BQ", Record.UNREADABLE, len(data)) + data
 
 
-def _pause_streaming(count=[0]):
+def _pause_streaming(count=[0]):  # noqa: B006 - a counter kept across calls on purpose
     """A test hook: with SNAPVER_TEST_STREAMED_HOOK=DIR, once the first piece of a streamed
     file is read (the rest not yet), write DIR/streamed-N and wait (at most 60 s) for
     DIR/go-N: a test changes the file in between."""
