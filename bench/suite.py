@@ -186,7 +186,7 @@ class Suite:
         with open(self.env.sshd.known_hosts, "a") as known:
             for port in ports:
                 known.write(f"[127.0.0.1]:{port} {self.env.sshd.host_public_key}\n")
-        return {n: ("127.0.0.1", port) for n, port in zip(NODES, ports)}
+        return {n: ("127.0.0.1", port) for n, port in zip(NODES, ports, strict=False)}
 
     def close(self) -> None:
         self.stop_muxes()
@@ -388,7 +388,7 @@ def _manual_diff(suite: Suite, net: Network, nodes: Sequence[str], copies: dict[
     peak = sum(p for _done, p in run_measured_all(scps))
     diffs = run_measured_all([["diff", "-rq", str(copies[n]), str(fetched[n])] for n in nodes], check=False)
     found = {}
-    for node, (done, diff_peak) in zip(nodes, diffs):
+    for node, (done, diff_peak) in zip(nodes, diffs, strict=False):
         if done.returncode not in (0, 1):
             raise RuntimeError(f"diff -rq failed: {done.stderr.decode(errors='replace')}")
         found[node] = [line.split()[1].rsplit("/", 1)[-1] for line in done.stdout.decode().splitlines()]
@@ -450,7 +450,7 @@ def status(suite: Suite, net: Network) -> None:
         done = run_measured_all([suite.rsync(net, n, "-anc", "--itemize-changes",
                                              suite.remote(net, n, f"{suite.tree(n)}/"), f"{copies[n]}/")
                                  for n in NODES])
-        _expect("rsync -anc -i x2 found", {n: _itemized(d) for n, (d, _p) in zip(NODES, done)}, wanted)
+        _expect("rsync -anc -i x2 found", {n: _itemized(d) for n, (d, _p) in zip(NODES, done, strict=False)}, wanted)
         return sum(p for _d, p in done)
 
     def manual(_round: int) -> int:

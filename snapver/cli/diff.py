@@ -147,7 +147,7 @@ def print_stat(result: Any) -> None:
     scale = min(1.0, bar_room / most) if most else 1.0
     digits = len(str(most))
     out = console()
-    for name, f in zip(names, files):
+    for name, f in zip(names, files, strict=False):
         if f.binary:
             counts = f"Bin {f.old_size} -> {f.new_size} bytes"
         else:

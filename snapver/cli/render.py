@@ -186,7 +186,7 @@ def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: lis
     from rich.table import Table
     from rich.text import Text
 
-    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows)]
+    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows, strict=False)]
     widths = [max(len(cell) for cell in column) for column in plain]
     needed = sum(widths) + 2 * (len(widths) - 1)
     if STATE.wide and out.is_terminal and needed > out.width:
@@ -195,13 +195,13 @@ def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: lis
     # their longest word (they wrap at spaces, never inside a word).
     least = [width if column in KEEP_COLUMNS else min(width, MIN_PATH) if column in PATH_COLUMNS
              else max(len(word) for cell in cells for word in (cell.split() or [""]))
-             for column, width, cells in zip(columns, widths, plain)]
+             for column, width, cells in zip(columns, widths, plain, strict=False)]
     if out.is_terminal and not STATE.wide and needed > out.width:
         rows = _elide_paths(columns, rows, widths, least, needed - out.width)
     # Columns stay two spaces apart, one when even their narrowest would not fit otherwise.
     tight = out.is_terminal and not STATE.wide and sum(least) + 2 * (len(least) - 1) > out.width
     table = Table(box=None, pad_edge=False, collapse_padding=tight)
-    for column, narrowest in zip(columns, least):
+    for column, narrowest in zip(columns, least, strict=False):
         table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
         table.add_row(*row)
@@ -213,7 +213,7 @@ def _elide_paths(columns: tuple[str, ...], rows: list[tuple[str, ...]], widths: 
     """``rows`` with the cells of PATH_COLUMNS cut in the middle so that the table fits:
     the wrapping columns give way first (down to their longest word), then the paths, the
     widest first, down to MIN_PATH."""
-    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least)
+    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least, strict=False)
                    if column not in KEEP_COLUMNS and column not in PATH_COLUMNS)
     excess -= wrapping
     limits = list(widths)
@@ -282,7 +282,7 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str | 
     widths = [max(len(row[index]) for row in cells) for index in range(len(columns))]
     if sum(widths) + 2 * (len(widths) - 1) > PLAIN_WIDTH or not all(widths):
         return None  # rich would wrap cells (or give an empty column a width)
-    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "\n" for row in cells)
+    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "\n" for row in cells)
 
 
 # A byte of a name that is not UTF-8, as paths hold it (surrogateescape).

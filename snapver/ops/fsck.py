@@ -170,7 +170,7 @@ def _batch_check(store: Store, format: str, names: list[str]) -> dict[str, str |
             return {names[0]: UNREADABLE}
         return {name: found for one in names for name, found in _batch_check(store, format, [one]).items()}
     return {name: None if line.endswith((" missing", " ambiguous")) else line.strip()
-            for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines())}
+            for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines(), strict=False)}
 
 
 def _commits(store: Store, tips: list[str], result: FsckResult) -> list[Commit]:

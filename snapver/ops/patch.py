@@ -405,7 +405,7 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
             content[path] = read_blob(entry.oid)
         return entry, content[path]
 
-    for diff, (old, new) in zip(parsed.files, names):
+    for diff, (old, new) in zip(parsed.files, names, strict=False):
         target = new if new is not None else old
         assert target is not None
         _check_path_safety(target, state, base, source)
@@ -800,7 +800,7 @@ def _merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str
     """Three-way merge of one file with `git merge-file`: (result, number of conflicts)."""
     with tempfile.TemporaryDirectory(prefix="snapver-merge-") as tmp:
         names = []
-        for label, data in zip(("ours", "base", "theirs"), (ours, base, theirs)):
+        for label, data in zip(("ours", "base", "theirs"), (ours, base, theirs), strict=False):
             path = os.path.join(tmp, label)
             with open(path, "wb") as handle:
                 handle.write(data)

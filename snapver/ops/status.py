@@ -522,7 +522,7 @@ class MatrixRow:
         return None if UNKNOWN in self.letters else True
 
     def to_json(self, nodes: Sequence[str]) -> dict[str, Any]:
-        return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters)),
+        return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters, strict=False)),
                 "legend": {item.letter: item.to_json() for item in self.legend}}
 
 

@@ -163,7 +163,7 @@ def reconnect(plans: list[NodePlan]) -> dict[str, SnapverError]:
     if not plans:
         return {}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(plans))) as pool:
-        found = dict(zip((plan.node for plan in plans), pool.map(one, plans)))
+        found = dict(zip((plan.node for plan in plans), pool.map(one, plans), strict=False))
     return {node: error for node, error in found.items() if error is not None}
 
 

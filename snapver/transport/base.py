@@ -941,7 +941,7 @@ def _checked_rows(rows: Any) -> list[StatEntry]:
     if not rows or set(map(type, rows)) != {list} or set(map(len, rows)) != {9}:
         return [StatEntry(*_checked_row(row)) for row in rows]
     entries = list(map(StatEntry._make, rows))
-    paths, _kinds, modes, sizes, mtimes, ctimes, inodes, oids, targets = zip(*entries)
+    paths, _kinds, modes, sizes, mtimes, ctimes, inodes, oids, targets = zip(*entries, strict=False)
     blob_ids = [oid for oid in oids if oid is not None]
     if (set(map(type, paths)) == {str}
             and set(map(type, modes)) | set(map(type, sizes)) | set(map(type, mtimes)) | set(map(type, ctimes))

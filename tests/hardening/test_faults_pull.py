@@ -198,7 +198,7 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
     # bursts of rewrites, then a pause in which a read can find the file settled. A process
     # of its own, ahead of the others (nice -10), that logs where it stalled.
     versions = [site.parent / "old", site.parent / "new"]
-    for version, data in zip(versions, (OLD, NEW)):
+    for version, data in zip(versions, (OLD, NEW), strict=False):
         version.write_bytes(data)
     writer = subprocess.Popen([sys.executable, "-c", REWRITER, str(hot), str(stop), str(stalls),
                                *map(str, versions)], preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, -10))
