@@ -426,8 +426,10 @@ def main() -> int:
             sizes = store_sizes(bench)
             print("\nstore after compaction vs plain git add -A + git gc of the same tree")
             print(f"  snapver store before compaction: {sizes['raw_store_bytes'] / 1e6:,.1f} MB")
-            print(f"  snapver compaction (snapver.store.gc): {sizes['compaction_s']:.1f} s, "
-                  f"peak {sizes['compaction_peak_kib'] / 1024:,.0f} MiB -> {sizes['compacted_store_bytes'] / 1e6:,.1f} MB")
+            print(
+                f"  snapver compaction (snapver.store.gc): {sizes['compaction_s']:.1f} s, "
+                f"peak {sizes['compaction_peak_kib'] / 1024:,.0f} MiB -> {sizes['compacted_store_bytes'] / 1e6:,.1f} MB"
+            )
             print(f"  plain git gc: {sizes['plain_git_gc_s']:.1f} s, peak {sizes['plain_git_gc_peak_kib'] / 1024:,.0f} "
                   f"MiB -> {sizes['plain_git_gc_bytes'] / 1e6:,.1f} MB")
             print(f"  ratio snapver / plain git: {sizes['ratio']:.2f}x")

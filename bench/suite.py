@@ -647,12 +647,26 @@ def main() -> int:
     load_after = uptime()
     rows, verdicts = suite.rows, bar_verdicts(suite.rows)
     if args.json:
-        print(json.dumps({
-            "command": " ".join(["python3", "bench/suite.py", *sys.argv[1:]]), "runs": args.runs,
-            "slow_runs": args.slow_runs, "tree": tree_info, "nproc": os.cpu_count(),
-            "proxy_delay_ms_each_way": PROXY_DELAY_MS, "node_home": args.node_home, "load_before": load_before, "load_after": load_after,
-            "seconds": round(time.time() - started, 1), "rows": [r.to_json(rows) for r in rows],
-            "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts], "not_available": suite.unavailable}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "command": " ".join(["python3", "bench/suite.py", *sys.argv[1:]]),
+                    "runs": args.runs,
+                    "slow_runs": args.slow_runs,
+                    "tree": tree_info,
+                    "nproc": os.cpu_count(),
+                    "proxy_delay_ms_each_way": PROXY_DELAY_MS,
+                    "node_home": args.node_home,
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "seconds": round(time.time() - started, 1),
+                    "rows": [r.to_json(rows) for r in rows],
+                    "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts],
+                    "not_available": suite.unavailable,
+                },
+                indent=2,
+            )
+        )
         return 1 if suite.unavailable else 0
     print(f"snapver benchmark suite: sglang/srt, {tree_info['files']} files, {tree_info['bytes'] / 1e6:.1f} MB; "
           f"{args.runs} interleaved runs (+1 warm-up), medians; rtt20 = {2 * PROXY_DELAY_MS:g} ms RTT delay proxy; "

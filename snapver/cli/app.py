@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from typer._click import Command
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
-# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
-# them all. A module missing here still works (found by `load_commands()`), only not lazily.
+# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair).
+# Running a command imports its module only; `--help` (and an unknown name) imports them all.
+# A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
     "init": "init", "nodes": "nodes", "pull": "pull", "log": "log", "show": "show",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
@@ -156,17 +157,34 @@ def _install_completion(value: bool) -> None:
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
-                                          "else .snapver here or in a parent).", show_default=False),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Config file (default: $SNAPVER_CONFIG, else .snapver here or in a parent).",
+        show_default=False,
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
-    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."),
-    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
-    show_completion: bool = typer.Option(False, "--show-completion", callback=_show_completion, is_eager=True,
-                                         help="Print the completion script of your shell (bash, zsh, fish)."),
-    install_completion: bool = typer.Option(False, "--install-completion", callback=_install_completion,
-                                            is_eager=True, help="Install completion for your shell (bash, zsh, fish)."),
+    no_pager: bool = typer.Option(
+        False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    show_completion: bool = typer.Option(
+        False,
+        "--show-completion",
+        callback=_show_completion,
+        is_eager=True,
+        help="Print the completion script of your shell (bash, zsh, fish).",
+    ),
+    install_completion: bool = typer.Option(
+        False,
+        "--install-completion",
+        callback=_install_completion,
+        is_eager=True,
+        help="Install completion for your shell (bash, zsh, fish).",
+    ),
 ) -> None:
     """snapver: know, compare and patch the code deployed on your nodes."""
     STATE.config_path = str(config) if config else None

@@ -187,10 +187,20 @@ def list_(json_out: JsonOpt = False) -> int:
         out.print("no patches yet (make one with `snapver patch new`, `import` or `capture`)")
     for p in patches:
         nodes = ", ".join(p.nodes) or "-"
-        out.print(fields_line(out, [f"[bold]{escape(p.name)}[/bold]", p.commit[:10],
-                                    f"{int(p.meta.get('files', 0))} file(s)", f"base {p.base[:10]} ({escape(p.base_node)})",
-                                    f"nodes {escape(nodes)}", f"{p.time:%Y-%m-%d %H:%M}",
-                                    *([show_path(p.message.splitlines()[0])] if p.message else [])]))
+        out.print(
+            fields_line(
+                out,
+                [
+                    f"[bold]{escape(p.name)}[/bold]",
+                    p.commit[:10],
+                    f"{int(p.meta.get('files', 0))} file(s)",
+                    f"base {p.base[:10]} ({escape(p.base_node)})",
+                    f"nodes {escape(nodes)}",
+                    f"{p.time:%Y-%m-%d %H:%M}",
+                    *([show_path(p.message.splitlines()[0])] if p.message else []),
+                ],
+            )
+        )
     return 0
 
 

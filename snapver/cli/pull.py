@@ -86,7 +86,9 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
         label = "pulling {task.fields[nodes]}: {task.fields[files]}/{task.fields[total_files]} files"
-        with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
+        with Progress(
+            TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True
+        ) as bar:
             task = bar.add_task("pull", total=None, files=0, total_files="?", nodes=escape(bar_names(specs)))
 
             def plan(files: int, size: int) -> None:

@@ -282,7 +282,9 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str | 
     widths = [max(len(row[index]) for row in cells) for index in range(len(columns))]
     if sum(widths) + 2 * (len(widths) - 1) > PLAIN_WIDTH or not all(widths):
         return None  # rich would wrap cells (or give an empty column a width)
-    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "\n" for row in cells)
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "\n" for row in cells
+    )
 
 
 # A byte of a name that is not UTF-8, as paths hold it (surrogateescape).

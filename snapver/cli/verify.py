@@ -38,7 +38,9 @@ def verify(
             continue
         for label, paths in (("M", result.modified), ("D", result.missing), ("A", result.extra)):
             for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)
-                sys.stdout.buffer.write(f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape"))
+                sys.stdout.buffer.write(
+                    f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape")
+                )
         sys.stdout.flush()
         against = show_list(result.dists)
         for leftover in result.leftovers:

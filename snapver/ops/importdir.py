@@ -106,7 +106,8 @@ def _through_link_hint(folder: FolderTree, node: str) -> str:
     for disk, _ in folder.roots:
         real = os.path.realpath(os.path.join(folder.site, disk))
         if real != os.path.join(site, disk):
-            return f"an import never reads through a link: import the folder it leads to (snapver import {real} --node {node})"
+            return ("an import never reads through a link: import the folder it leads to"
+                    f" (snapver import {real} --node {node})")
     return "an import never reads through a link; see `snapver import --help`"
 
 

@@ -37,7 +37,11 @@ class SnapshotInfo:
     @property
     def made_by(self) -> str:
         """``pull``, ``push NAME``, ``before-push NAME``, ``rollback``, ``before-rollback``, ``import``."""
-        return f"{self.event} {self.patch}" if self.patch and self.event in ("push", "before-push", "patch") else self.event
+        return (
+            f"{self.event} {self.patch}"
+            if self.patch and self.event in ("push", "before-push", "patch")
+            else self.event
+        )
 
     def to_json(self) -> dict:
         return {"id": self.id, "time": self.time.isoformat(), "node": self.node, "files": self.files,

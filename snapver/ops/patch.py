@@ -303,7 +303,9 @@ def _check_unsafe(diff: FileDiff, source: str) -> None:
                              hint="paths must be relative to site-packages")
 
 
-def _resolve_names(diffs: list[FileDiff], base: Base, strip: int | None, source: str) -> list[tuple[str | None, str | None]]:
+def _resolve_names(
+    diffs: list[FileDiff], base: Base, strip: int | None, source: str
+) -> list[tuple[str | None, str | None]]:
     """Each diff's (old, new) path relative to site-packages: the smallest prefix strip
     (like ``patch -pN``) that makes every name fit the base."""
 

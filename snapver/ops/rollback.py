@@ -136,7 +136,9 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     return plan
 
 
-def _outside_both_scopes(store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]) -> set[str]:
+def _outside_both_scopes(
+    store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]
+) -> set[str]:
     """The paths a restore must leave alone: outside what the snapshot observed (a file it
     only excluded is not a file it lacked) or what the node's config tracks now. The plan
     notes them, and says so when the snapshot does not record its scope."""

@@ -269,7 +269,9 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         digests = record_digests()["hashes"] if record_digests is not None else None
         _count_restarts(row.transport, spec, row, store)
         if snapshot_manifest is not None:
-            row.drift = [DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)]
+            row.drift = [
+                DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)
+            ]
         if not want_record:
             return
         if digests is None:

@@ -63,7 +63,9 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     transport = paramiko.Transport(_tuned(sock), **kwargs)
     options = transport.get_security_options()
     offered = tuple(options.ciphers)
-    options.ciphers = tuple(c for c in FAST_CIPHERS if c in offered) + tuple(c for c in offered if c not in FAST_CIPHERS)
+    options.ciphers = tuple(c for c in FAST_CIPHERS if c in offered) + tuple(
+        c for c in offered if c not in FAST_CIPHERS
+    )
     return transport
 
 

@@ -313,7 +313,9 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     """The keys go to the node as "size mtime ctime ino mode path" records: names with
     spaces, newlines, tabs, non-ASCII or bytes that are not UTF-8 find their own record
     (nothing re-hashed), and an edit of any of them is still seen."""
-    site = make_site_packages("ct200", files={f"sglang/srt/{name}": f"v = {i}\n" for i, name in enumerate(TRICKY_NAMES)})
+    site = make_site_packages(
+        "ct200", files={f"sglang/srt/{name}": f"v = {i}\n" for i, name in enumerate(TRICKY_NAMES)}
+    )
     not_utf8 = os.fsencode(site / "sglang/srt") + b"/caf\xe9.py"
     with open(not_utf8, "wb") as handle:
         handle.write(b"latin = 1\n")

@@ -54,8 +54,10 @@ class Node:
     def __init__(self, root: Path, system_site: bool = False) -> None:
         self.root = root
         if system_site:
-            subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / "venv")],
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / "venv")],
+                check=True,
+            )
             version = f"python{sys.version_info.major}.{sys.version_info.minor}"
             self.python, self.site = root / "venv" / "bin" / "python", root / "venv" / "lib" / version / "site-packages"
         else:

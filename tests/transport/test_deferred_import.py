@@ -76,13 +76,20 @@ def test_a_second_thread_waits_for_the_whole_module(probe: Path) -> None:
 
 
 def _python(code: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(deferred.__file__).parents[2])})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(deferred.__file__).parents[2])},
+    )
 
 
 def test_ssh_does_not_run_yaml_and_fabric_still_reads_its_yaml_config(tmp_path: Path) -> None:
-    checked = _python("import sys, snapver.transport.ssh; print(sorted(m for m in sys.modules if 'yaml' in m.split('.')[-1]))",
-                      tmp_path)
+    checked = _python(
+        "import sys, snapver.transport.ssh; print(sorted(m for m in sys.modules if 'yaml' in m.split('.')[-1]))",
+        tmp_path,
+    )
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.strip() == "['invoke.vendor.yaml']"  # bound, its code not run: no yaml.* submodule
 

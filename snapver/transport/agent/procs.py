@@ -1,4 +1,5 @@
-"""Processes on the node: the commands it runs for hooks (``run``, ``health_url``) and the ones that run the tracked tree (``ps``)."""
+"""Processes on the node: the commands it runs for hooks (``run``, ``health_url``) and the
+ones that run the tracked tree (``ps``)."""
 
 import os
 import re

@@ -145,7 +145,9 @@ def _stream_file(where, head, emit, send_piece):
                     length += len(piece)
                     send_piece(piece)
             except OSError as exc:  # a read error half-way (EIO): end the record in step
-                emit(struct.pack(">IB", 0, Record.CHANGED) + head + _unreadable("%s: %s" % (where, exc.strerror or exc)))
+                emit(
+                    struct.pack(">IB", 0, Record.CHANGED) + head + _unreadable("%s: %s" % (where, exc.strerror or exc))
+                )
                 return
             same = _stable_key(os.fstat(fd)) == _stable_key(st) and length == st.st_size
             emit(struct.pack(">IB", 0, Record.SAME if same else Record.CHANGED))
