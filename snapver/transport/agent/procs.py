@@ -34,9 +34,11 @@ def op_run(channel, request):
     # it holding the pipe open for as long as it runs.
     import threading
 
-    pieces = []
+    pieces = []  # type: list[bytes]
+    stdout = process.stdout
+    assert stdout is not None  # stdout=PIPE
 
-    def pump(fd=process.stdout.fileno()):
+    def pump(fd=stdout.fileno()):
         try:
             for piece in iter(lambda: os.read(fd, 65536), b""):
                 pieces.append(piece)
@@ -242,7 +244,7 @@ def _maps_of(pid):
 
 def _open_files(pid):
     """The paths a process has open (its fds that are files)."""
-    found = []
+    found = []  # type: list[str]
     try:
         names = os.listdir("/proc/%d/fd" % pid)
     except (PermissionError, FileNotFoundError):

@@ -74,7 +74,7 @@ def _read_whole(fd, st):
     return data, len(data)
 
 
-_CHUNK_BUFFER = []
+_CHUNK_BUFFER = []  # type: list[memoryview]
 
 
 def _pieces(fd, size):
@@ -263,7 +263,7 @@ def op_hash(channel, request):
     path that is absent, a special file, or below a symlink."""
     site = site_packages_of(request.get("site_packages"))
     algo = request.get("algo", "sha256")
-    result = {}
+    result = {}  # type: dict[str, str | None]
     tree = Tree(site)
     try:
         for rel in request["paths"]:
