@@ -25,7 +25,7 @@ from functools import cache
 from importlib.util import MAGIC_NUMBER, cache_from_source, source_hash
 from itertools import repeat
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol, cast
 
 from snapver import interrupt
 from snapver.config import NodeSpec
@@ -263,12 +263,26 @@ class StreamedFile:
 FileItem = tuple[str, str | None, bytes | StreamedFile]
 
 
+class AgentInput(Protocol):
+    """What is written to an agent: a pipe, or an SSH channel's writer."""
+
+    def write(self, data: bytes, /) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class AgentOutput(Protocol):
+    """What an agent's answers are read from."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
 @dataclass
 class RawChannel:
     """A started agent process: its stdin and stdout, and a way to end it."""
 
-    stdin: IO[bytes]
-    stdout: IO[bytes]
+    stdin: AgentInput
+    stdout: AgentOutput
     close: Any  # () -> str: ends the process, returns what it wrote on stderr
     # () -> None: end a session whose agent was told ``bye``, without waiting for it to exit
     # (over SSH that wait is a round trip; the agent exits at the bye, or at the EOF the
@@ -767,7 +781,8 @@ class AgentTransport(Transport):
         Each content is whole, a large file's too: for consumers of small files (RECORD, a
         diff's text); ``stream_files`` hands large files over in pieces."""
         reply = self.request("read", paths=paths, compress_level=compress_level)
-        return self._file_stream(reply, paths, compress_level, whole=True)
+        items = self._file_stream(reply, paths, compress_level, whole=True)
+        return cast(Iterator[tuple[str, str | None, bytes]], items)  # whole=True: every content is bytes
 
     def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
         """``read_files``, with each large file as a ``StreamedFile`` (read its pieces before

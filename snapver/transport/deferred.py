@@ -39,7 +39,7 @@ class _DeferredModule(types.ModuleType):
                 finally:
                     del state[_LOADING]
                 del state[_REAL_LOADER]
-                self.__class__ = types.ModuleType
+                self.__class__ = types.ModuleType  # type: ignore[assignment]  # an ordinary module from now on
         return object.__getattribute__(self, name)
 
 
