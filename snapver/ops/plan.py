@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +102,7 @@ def within(path: str, tracked: Iterable[str]) -> bool:
     return any(path.startswith(root.strip("/") + "/") for root in tracked)
 
 
-def restore_steps(live: dict[str, Live | None], target: dict[str, Entry | None]) -> list[Step]:
+def restore_steps(live: Mapping[str, Live | None], target: dict[str, Entry | None]) -> list[Step]:
     """The steps that make ``live`` exactly ``target`` (content, kind, mode; absent = delete).
     A special file (FIFO, socket, device) is never created: such a target is left as it is."""
     steps = []

@@ -598,8 +598,10 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
         letters: dict[Any, str] = {}
         legend: list[LegendItem] = []
         for _node, entry in states:
-            key = _content(entry) if entry is not None else None
-            if entry is None or key in letters:
+            if entry is None:
+                continue
+            key = _content(entry)
+            if key in letters:
                 continue
             letter = letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else "*"
             legend.append(LegendItem(letter, _what(path, key, states, off), entry.oid, entry.mode, show_mode))

@@ -221,7 +221,7 @@ class Store:
                                  hint="run `snapver fsck`") from exc
         return data
 
-    def read_blobs(self, oids: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    def read_blobs(self, oids: Iterable[str]) -> Generator[tuple[str, bytes], None, None]:
         """Stream many objects' content in one ``cat-file --batch`` process."""
         wanted = list(dict.fromkeys(oids))
         if not wanted:
