@@ -8,7 +8,7 @@ import typer
 
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
-from snapver.cli.render import console, emit_json, escape, human_bytes
+from snapver.cli.render import PlainConsole, console, emit_json, escape, human_bytes
 from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
     if show_bar:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+        assert not isinstance(err, PlainConsole)  # is_terminal: rich's console
         label = "pulling {task.fields[nodes]}: {task.fields[files]}/{task.fields[total_files]} files"
         with Progress(
             TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True
@@ -111,9 +112,9 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
     return result.exit_code
 
 
-def bar_names(specs: list[object], most: int = 3) -> str:
+def bar_names(specs: list[NodeSpec], most: int = 3) -> str:
     """The nodes a progress bar names: ``ct200``, ``ct200, ct129``, ``ct200, ct129, ct130 +5``."""
-    names = [spec.name for spec in specs]  # type: ignore[attr-defined]
+    names = [spec.name for spec in specs]
     shown = ", ".join(names[:most])
     return shown + (f" +{len(names) - most}" if len(names) > most else "")
 

@@ -15,7 +15,7 @@ from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan
-    from snapver.ops.push import PushPlan, PushResult
+    from snapver.ops.push import PushPlan, PushResult, WavesResult
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
     from snapver.ops.run import NodeRun, Pauses
 
@@ -250,6 +250,7 @@ def push(
             console(stderr=True).print("snapver: nothing written")
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
+        result: WavesResult | PushResult
         if waves_spec is not None:
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),

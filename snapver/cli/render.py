@@ -179,10 +179,11 @@ def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: lis
     On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
     every cell is whole, lines as long as they need.
     """
-    text = plain_table(columns, rows) if isinstance(out, PlainConsole) else None
-    if text is not None:
-        out.write(text)
-        return
+    if isinstance(out, PlainConsole):
+        text = plain_table(columns, rows)
+        if text is not None:
+            out.write(text)
+            return
     from rich.table import Table
     from rich.text import Text
 
@@ -272,13 +273,15 @@ def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str | 
     Every column is as wide as its widest cell; two spaces between columns, none at the
     edges; every cell (the last too) padded to its column's width.
     """
-    cells = [[plain_text(cell) for cell in row] for row in [tuple(columns), *rows]]
-    if not columns or any(len(row) != len(columns) for row in cells):
+    texts = [[plain_text(cell) for cell in row] for row in [tuple(columns), *rows]]
+    if not columns or any(len(row) != len(columns) for row in texts):
         return None
-    for row in cells:  # one short line of one-cell-wide characters a cell, or rich decides
-        for cell in row:
-            if cell is None or not cell.isascii() or "\n" in cell:
-                return None
+    cells: list[list[str]] = []
+    for row in texts:  # one short line of one-cell-wide characters a cell, or rich decides
+        plain = [cell for cell in row if cell is not None and cell.isascii() and "\n" not in cell]
+        if len(plain) != len(row):
+            return None
+        cells.append(plain)
     widths = [max(len(row[index]) for row in cells) for index in range(len(columns))]
     if sum(widths) + 2 * (len(widths) - 1) > PLAIN_WIDTH or not all(widths):
         return None  # rich would wrap cells (or give an empty column a width)

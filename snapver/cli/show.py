@@ -110,10 +110,10 @@ def show(
     if result.changes is None:
         out.print(f"\nfirst snapshot of {show_path(info.node)}: {info.files} files")
     elif not result.changes.changes:
-        out.print(f"\nno file changed from {result.parent[:10]}")
+        out.print(f"\nno file changed from {(result.parent or '')[:10]}")
     else:
         from snapver.cli.diff import print_stat
 
-        out.print(f"\nchanged from {result.parent[:10]}:")
+        out.print(f"\nchanged from {(result.parent or '')[:10]}:")
         print_stat(result.changes)
     return 0

@@ -75,7 +75,8 @@ def status(
 
 def render_status(result: Any) -> None:
     out = console()
-    columns = ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart")
+    columns: tuple[str, ...] = ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart")
+    rows: list[tuple[str, ...]]
     rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
              _restart(row)) for row in result.nodes]
     if getattr(out, "is_terminal", False) and all(row[-1] in ("0", "-") for row in rows):
