@@ -14,6 +14,7 @@ from snapver.cli.state import STATE, SYNC_AFTER, sync_after
 
 if TYPE_CHECKING:
     from typer._click import Command
+    from typer._click import Context as ClickContext  # what TyperGroup's methods take
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
 # them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair).
@@ -47,7 +48,7 @@ def load_commands(module: str | None = None) -> None:
 class LazyGroup(TyperGroup):
     """The root command: builds a subcommand the first time it is asked for."""
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Command | None:
+    def get_command(self, ctx: ClickContext, cmd_name: str) -> Command | None:
         if cmd_name not in self.commands:
             load_commands(COMMANDS.get(cmd_name))
             self._refresh()
@@ -63,7 +64,7 @@ class LazyGroup(TyperGroup):
             attach(command)
         return command
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: ClickContext) -> list[str]:
         load_commands()
         self._refresh()
         return list(self.commands)
@@ -219,7 +220,7 @@ def usage_metavar(param: Any) -> str:
 class SnapverCommand(TyperCommand):
     """A command whose usage line spells its arguments one way (see `usage_metavar`)."""
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: ClickContext) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if param.param_type_name == "argument":
@@ -233,12 +234,12 @@ class PathsAfterDashes(SnapverCommand):
 
     usage = "[-- PATH...]"
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
         if "--" in args:
             split = args.index("--")
             ctx.meta[PATHS_KEY] = args[split + 1:]
             args = args[:split]
         return super().parse_args(ctx, args)
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: ClickContext) -> list[str]:
         return ["[OPTIONS]", self.usage]
