@@ -46,8 +46,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, baseline_env, bench_env, interleave, print_table,  # noqa: E402
-                    run, run_measured)
+from common import (  # noqa: E402
+    REPO_ROOT,
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    baseline_env,
+    bench_env,
+    interleave,
+    print_table,
+    run,
+    run_measured,
+)
 
 TORCH_VERSION = "2.14.1"
 CACHE_ENV = "SNAPVER_BENCH_TORCH_CACHE"
@@ -416,8 +426,10 @@ def main() -> int:
             sizes = store_sizes(bench)
             print("\nstore after compaction vs plain git add -A + git gc of the same tree")
             print(f"  snapver store before compaction: {sizes['raw_store_bytes'] / 1e6:,.1f} MB")
-            print(f"  snapver compaction (snapver.store.gc): {sizes['compaction_s']:.1f} s, "
-                  f"peak {sizes['compaction_peak_kib'] / 1024:,.0f} MiB -> {sizes['compacted_store_bytes'] / 1e6:,.1f} MB")
+            print(
+                f"  snapver compaction (snapver.store.gc): {sizes['compaction_s']:.1f} s, "
+                f"peak {sizes['compaction_peak_kib'] / 1024:,.0f} MiB -> {sizes['compacted_store_bytes'] / 1e6:,.1f} MB"
+            )
             print(f"  plain git gc: {sizes['plain_git_gc_s']:.1f} s, peak {sizes['plain_git_gc_peak_kib'] / 1024:,.0f} "
                   f"MiB -> {sizes['plain_git_gc_bytes'] / 1e6:,.1f} MB")
             print(f"  ratio snapver / plain git: {sizes['ratio']:.2f}x")

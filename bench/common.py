@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import site
+import statistics
 import subprocess
 import sys
 import tempfile

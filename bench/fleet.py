@@ -55,7 +55,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BenchEnv, Case, add_node_home_option, baseline_env, bench_env, machine_cpu_seconds, interleave, median, run_measured, run_measured_all  # noqa: E402
+from common import (  # noqa: E402
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    baseline_env,
+    bench_env,
+    interleave,
+    machine_cpu_seconds,
+    median,
+    run_measured,
+    run_measured_all,
+)
 
 FLEET = {f"fleet{index:02d}": f"127.0.0.{10 + index}" for index in range(16)}
 ONE = "fleet00"
@@ -142,12 +153,20 @@ def bench(env: BenchEnv, runs: int, baseline: str | None = None) -> dict[str, An
             nodes = json.loads(done.stdout)["nodes"]
             if len(nodes) != (len(FLEET) if "--all" in targets else 1) or not all(n["ok"] for n in nodes):
                 raise RuntimeError(f"snapver pull {' '.join(targets)}: {nodes}")
-            record(name, peak_kib=peak, machine_cpu_s=cpu, client_cpu_s=client_cpu, fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
-                   wire_bytes=sum(n["wire_bytes"] for n in nodes),
-                   fetched_files=sum(n["fetched_files"] for n in nodes),
-                   nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
-                   per_node=[{k: n[k] for k in ("node", "fetched_files", "fetched_bytes", "wire_bytes", "seconds")}
-                             for n in nodes])
+            record(
+                name,
+                peak_kib=peak,
+                machine_cpu_s=cpu,
+                client_cpu_s=client_cpu,
+                fetched_bytes=sum(n["fetched_bytes"] for n in nodes),
+                wire_bytes=sum(n["wire_bytes"] for n in nodes),
+                fetched_files=sum(n["fetched_files"] for n in nodes),
+                nodes_sending_files=sum(1 for n in nodes if n["fetched_files"]),
+                per_node=[
+                    {k: n[k] for k in ("node", "fetched_files", "fetched_bytes", "wire_bytes", "seconds")}
+                    for n in nodes
+                ],
+            )
         def setup(_round: int) -> None:
             shutil.rmtree(store, ignore_errors=True)
             settle()
@@ -346,8 +365,11 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--status", action="store_true", help="time `snapver status` of the fleet instead")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also time the snapver of git REV (its pulls in the same rounds; with --status, its status)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time the snapver of git REV (its pulls in the same rounds; with --status, its status)",
+    )
     add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:

@@ -37,9 +37,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    from tests.conftest import _unpack_wheel  # the fixture's own unpacking (modes kept)
-
     from snapver.store.gc import compact
+    from tests.conftest import _unpack_wheel  # the fixture's own unpacking (modes kept)
 
     work = Path(tempfile.mkdtemp(prefix="snapver-growth-"))
     env = dict(os.environ, SNAPVER_AUTO_GC="0", HOME=str(work))

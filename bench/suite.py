@@ -46,8 +46,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (REPO_ROOT, BenchEnv, Case, add_node_home_option, bench_env, interleave, median, run,  # noqa: E402
-                    run_measured, run_measured_all)
+from common import (  # noqa: E402
+    REPO_ROOT,
+    BenchEnv,
+    Case,
+    add_node_home_option,
+    bench_env,
+    interleave,
+    median,
+    run,
+    run_measured,
+    run_measured_all,
+)
 from helpers import toml_dumps  # noqa: E402
 
 if str(REPO_ROOT) not in sys.path:
@@ -176,7 +186,7 @@ class Suite:
         with open(self.env.sshd.known_hosts, "a") as known:
             for port in ports:
                 known.write(f"[127.0.0.1]:{port} {self.env.sshd.host_public_key}\n")
-        return {n: ("127.0.0.1", port) for n, port in zip(NODES, ports)}
+        return {n: ("127.0.0.1", port) for n, port in zip(NODES, ports, strict=False)}
 
     def close(self) -> None:
         self.stop_muxes()
@@ -378,7 +388,7 @@ def _manual_diff(suite: Suite, net: Network, nodes: Sequence[str], copies: dict[
     peak = sum(p for _done, p in run_measured_all(scps))
     diffs = run_measured_all([["diff", "-rq", str(copies[n]), str(fetched[n])] for n in nodes], check=False)
     found = {}
-    for node, (done, diff_peak) in zip(nodes, diffs):
+    for node, (done, diff_peak) in zip(nodes, diffs, strict=False):
         if done.returncode not in (0, 1):
             raise RuntimeError(f"diff -rq failed: {done.stderr.decode(errors='replace')}")
         found[node] = [line.split()[1].rsplit("/", 1)[-1] for line in done.stdout.decode().splitlines()]
@@ -440,7 +450,7 @@ def status(suite: Suite, net: Network) -> None:
         done = run_measured_all([suite.rsync(net, n, "-anc", "--itemize-changes",
                                              suite.remote(net, n, f"{suite.tree(n)}/"), f"{copies[n]}/")
                                  for n in NODES])
-        _expect("rsync -anc -i x2 found", {n: _itemized(d) for n, (d, _p) in zip(NODES, done)}, wanted)
+        _expect("rsync -anc -i x2 found", {n: _itemized(d) for n, (d, _p) in zip(NODES, done, strict=False)}, wanted)
         return sum(p for _d, p in done)
 
     def manual(_round: int) -> int:
@@ -637,12 +647,26 @@ def main() -> int:
     load_after = uptime()
     rows, verdicts = suite.rows, bar_verdicts(suite.rows)
     if args.json:
-        print(json.dumps({
-            "command": " ".join(["python3", "bench/suite.py", *sys.argv[1:]]), "runs": args.runs,
-            "slow_runs": args.slow_runs, "tree": tree_info, "nproc": os.cpu_count(),
-            "proxy_delay_ms_each_way": PROXY_DELAY_MS, "node_home": args.node_home, "load_before": load_before, "load_after": load_after,
-            "seconds": round(time.time() - started, 1), "rows": [r.to_json(rows) for r in rows],
-            "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts], "not_available": suite.unavailable}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "command": " ".join(["python3", "bench/suite.py", *sys.argv[1:]]),
+                    "runs": args.runs,
+                    "slow_runs": args.slow_runs,
+                    "tree": tree_info,
+                    "nproc": os.cpu_count(),
+                    "proxy_delay_ms_each_way": PROXY_DELAY_MS,
+                    "node_home": args.node_home,
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "seconds": round(time.time() - started, 1),
+                    "rows": [r.to_json(rows) for r in rows],
+                    "bars": [{**v, "value": round(v["value"], 4)} for v in verdicts],
+                    "not_available": suite.unavailable,
+                },
+                indent=2,
+            )
+        )
         return 1 if suite.unavailable else 0
     print(f"snapver benchmark suite: sglang/srt, {tree_info['files']} files, {tree_info['bytes'] / 1e6:.1f} MB; "
           f"{args.runs} interleaved runs (+1 warm-up), medians; rtt20 = {2 * PROXY_DELAY_MS:g} ms RTT delay proxy; "

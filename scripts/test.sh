@@ -77,6 +77,9 @@ ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
 # A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.
 # Not `exec`: the dockerd started above is stopped when pytest ends, and pytest's exit
 # code is this script's.
+# Lint and types first (config in pyproject.toml): any finding fails the run.
+python3 -m ruff check snapver tests bench
+python3 -m mypy
 status=0
 python3 -m pytest -q -n 2 --dist loadfile "$@" || status=$?
 stop_dockerd

@@ -4,9 +4,9 @@ inside of a tracked folder), matched to the tracked paths (SPEC "Refs": ``./dir`
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config, NodeSpec
 from snapver.errors import RefError, StoreError

@@ -15,8 +15,9 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 # How long streams get to stop by themselves before busy connections are cut.
 GRACE = 0.15
@@ -32,7 +33,7 @@ class Cuttable(Protocol):
 
 _requested = threading.Event()
 _signal = [0]
-_open: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_open: weakref.WeakSet[Any] = weakref.WeakSet()
 _deferred = [0]
 _guard = threading.Lock()
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 FILE = "f"
 LINK = "l"
@@ -49,7 +50,7 @@ class Entry:
             return "120000"
         return "100755" if self.mode & 0o111 else "100644"
 
-    def same_content(self, other: "Entry") -> bool:
+    def same_content(self, other: Entry) -> bool:
         """True when kind, content and mode all agree."""
         return (self.kind, self.digest, self.mode) == (other.kind, other.digest, other.mode)
 
@@ -97,7 +98,7 @@ class Manifest:
         return self.entries.get(path)
 
     @classmethod
-    def of(cls, entries: Iterable[Entry]) -> "Manifest":
+    def of(cls, entries: Iterable[Entry]) -> Manifest:
         return cls({entry.path: entry for entry in entries})
 
     def total_size(self) -> int:
@@ -112,7 +113,7 @@ class Manifest:
         return "".join(lines).encode("utf-8", "surrogateescape")
 
     @classmethod
-    def parse(cls, data: bytes) -> "Manifest":
+    def parse(cls, data: bytes) -> Manifest:
         entries = {}
         for line in data.decode("utf-8", "surrogateescape").splitlines():
             if not line:

@@ -54,7 +54,7 @@ class TreeRef:
     text: str
     live_node: str | None = None
     commit: str | None = None
-    folder: "FolderTree | None" = None  # a local folder read as a live tree
+    folder: FolderTree | None = None  # a local folder read as a live tree
 
     @property
     def is_live(self) -> bool:

@@ -14,7 +14,7 @@ give no callback: nothing is held.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from snapver import interrupt
 

@@ -248,8 +248,9 @@ def _parse_git_section(lines: list[bytes], i: int, source: str) -> tuple[FileDif
     if moved and (diff.old_path is None or diff.new_path is None):
         # The names of a pure rename, given without the a/ b/ prefixes of the git line.
         prefixes = ("a/", "b/") if git_line.startswith((b"a/", b'"a/')) else ("", "")
-        diff.old_path = prefixes[0] + moved["from"] if moved.get("from") else None
-        diff.new_path = prefixes[1] + moved["to"] if moved.get("to") else None
+        old, new = moved.get("from"), moved.get("to")
+        diff.old_path = prefixes[0] + old if old else None
+        diff.new_path = prefixes[1] + new if new else None
     if i + 1 < len(lines) and lines[i].startswith(b"--- ") and lines[i + 1].startswith(b"+++ "):
         diff.old_path = _header_path(lines[i][4:]) or diff.old_path
         diff.new_path = _header_path(lines[i + 1][4:]) or diff.new_path

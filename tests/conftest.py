@@ -36,7 +36,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-from helpers import Result, Sshd, local_node as _local_node, toml_dumps  # noqa: E402
+from helpers import Result, Sshd, toml_dumps  # noqa: E402
+from helpers import local_node as _local_node  # noqa: E402
 
 REPO_ROOT = TESTS_DIR.parent
 FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures"

@@ -11,8 +11,8 @@ import hashlib
 import math
 import os
 import re
-import stat
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass

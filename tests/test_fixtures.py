@@ -6,10 +6,10 @@ import base64
 import hashlib
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import Sshd, git_blob, git_ls_tree, tree_hashes
 
 # Counted from the wheel, not taken from its README: the zip has 2,856 entries

@@ -20,7 +20,9 @@ def build_wheel(folder: Path, version: str, files: dict[str, str]) -> Path:
     members = {**files, "sglang/__init__.py": "from sglang.version import __version__\n",
                "sglang/version.py": f'__version__ = "{version}"\n'}
     members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n\n"
-    members[f"{dist_info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: wheelkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    members[f"{dist_info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: wheelkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     members[f"{dist_info}/top_level.txt"] = "sglang\n"
     rows = []
     for path, text in members.items():

@@ -8,6 +8,7 @@ import traceback
 
 import typer
 from typer import Abort
+
 # typer >= 0.27 vendors click and raises its own usage errors; click itself may not be
 # installed at all (pyproject pins typer to >=0.27,<0.29).
 from typer._click import ClickException

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -14,10 +14,12 @@ from snapver.cli.state import STATE, SYNC_AFTER, sync_after
 
 if TYPE_CHECKING:
     from typer._click import Command
+    from typer._click import Context as ClickContext  # what TyperGroup's methods take
 
 # Every command → the module of snapver/cli/ that registers it, in the order `--help` lists
-# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair). Running a command imports its module only; `--help` (and an unknown name) imports
-# them all. A module missing here still works (found by `load_commands()`), only not lazily.
+# them: the order of the work (set up, snapshot, look, compare, patch, deploy, repair).
+# Running a command imports its module only; `--help` (and an unknown name) imports them all.
+# A module missing here still works (found by `load_commands()`), only not lazily.
 COMMANDS = {
     "init": "init", "nodes": "nodes", "pull": "pull", "log": "log", "show": "show",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
@@ -46,7 +48,7 @@ def load_commands(module: str | None = None) -> None:
 class LazyGroup(TyperGroup):
     """The root command: builds a subcommand the first time it is asked for."""
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Optional[Command]:
+    def get_command(self, ctx: ClickContext, cmd_name: str) -> Command | None:
         if cmd_name not in self.commands:
             load_commands(COMMANDS.get(cmd_name))
             self._refresh()
@@ -62,12 +64,12 @@ class LazyGroup(TyperGroup):
             attach(command)
         return command
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: ClickContext) -> list[str]:
         load_commands()
         self._refresh()
         return list(self.commands)
 
-    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: Optional[str] = None) -> None:
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: str | None = None) -> None:
         if os.environ.get(COMPLETE_VAR):  # typer's bash/zsh/fish classes, registered only now
             from snapver.cli.completion import init_completion
 
@@ -156,17 +158,34 @@ def _install_completion(value: bool) -> None:
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", help="Config file (default: $SNAPVER_CONFIG, "
-                                          "else .snapver here or in a parent).", show_default=False),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Config file (default: $SNAPVER_CONFIG, else .snapver here or in a parent).",
+        show_default=False,
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show tracebacks and more detail."),
     no_color: bool = typer.Option(False, "--no-color", help="No colours (also: NO_COLOR)."),
-    no_pager: bool = typer.Option(False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."),
-    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
-    show_completion: bool = typer.Option(False, "--show-completion", callback=_show_completion, is_eager=True,
-                                         help="Print the completion script of your shell (bash, zsh, fish)."),
-    install_completion: bool = typer.Option(False, "--install-completion", callback=_install_completion,
-                                            is_eager=True, help="Install completion for your shell (bash, zsh, fish)."),
+    no_pager: bool = typer.Option(
+        False, "--no-pager", help="Never page long output (also: pager = false in the config's ui table)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    show_completion: bool = typer.Option(
+        False,
+        "--show-completion",
+        callback=_show_completion,
+        is_eager=True,
+        help="Print the completion script of your shell (bash, zsh, fish).",
+    ),
+    install_completion: bool = typer.Option(
+        False,
+        "--install-completion",
+        callback=_install_completion,
+        is_eager=True,
+        help="Install completion for your shell (bash, zsh, fish).",
+    ),
 ) -> None:
     """snapver: know, compare and patch the code deployed on your nodes."""
     STATE.config_path = str(config) if config else None
@@ -201,7 +220,7 @@ def usage_metavar(param: Any) -> str:
 class SnapverCommand(TyperCommand):
     """A command whose usage line spells its arguments one way (see `usage_metavar`)."""
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: ClickContext) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if param.param_type_name == "argument":
@@ -215,12 +234,12 @@ class PathsAfterDashes(SnapverCommand):
 
     usage = "[-- PATH...]"
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
         if "--" in args:
             split = args.index("--")
             ctx.meta[PATHS_KEY] = args[split + 1:]
             args = args[:split]
         return super().parse_args(ctx, args)
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: ClickContext) -> list[str]:
         return ["[OPTIONS]", self.usage]

@@ -10,8 +10,9 @@ missing store completes nothing rather than print an error under the cursor.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -95,7 +96,7 @@ def chosen_shell() -> str:
     processes, else $SHELL), one of SHELLS."""
     from snapver.errors import UsageError
 
-    shell: Optional[str] = None
+    shell: str | None = None
     try:
         import shellingham
 
@@ -133,7 +134,7 @@ def init_completion() -> None:
 
 # (command, parameter) → what completes it; command None: any command. Attached to the
 # commands as they are built for a completion (so the command modules name none of it).
-COMPLETERS: dict[tuple[Optional[str], str], Callable[[Any, str], list[str]]] = {
+COMPLETERS: dict[tuple[str | None, str], Callable[[Any, str], list[str]]] = {
     (None, "targets"): node_names,
     (None, "nodes"): node_names,
     (None, "node"): lambda ctx, incomplete: node_names(ctx, incomplete, groups=False),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
@@ -13,7 +13,6 @@ from snapver.cli.render import console, emit_json, escape, outcome, show_path
 from snapver.cli.state import STATE
 
 
-
 class RefsThenPathsCommand(PathsAfterDashes):
     usage = "REF [REF] [-- PATH...]"
 
@@ -21,7 +20,7 @@ class RefsThenPathsCommand(PathsAfterDashes):
 @app.command(cls=RefsThenPathsCommand)
 def diff(
     ctx: typer.Context,
-    refs: List[str] = typer.Argument(..., metavar="REF [REF]", show_default=False,
+    refs: list[str] = typer.Argument(..., metavar="REF [REF]", show_default=False,
                                      help="Two trees (node = live, node@latest, tag, may22, id, patch, ./folder); "
                                      "one: a node's newest snapshot against its live tree. Paths go after `--`: "
                                      "relative to site-packages or a tracked path, file names, or globs."),
@@ -34,7 +33,7 @@ def diff(
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
     same: bool = typer.Option(False, "-s", "--report-identical-files",
                               help="Also list the files compared that are identical, as `=  path`."),
-    root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
+    root: str | None = typer.Option(None, "--root", metavar="PREFIX",
                                        help="A folder ref is site-packages/PREFIX (e.g. sglang/srt; `.`: a "
                                        "site-packages), instead of the matched layout."),
 ) -> int:
@@ -148,7 +147,7 @@ def print_stat(result: Any) -> None:
     scale = min(1.0, bar_room / most) if most else 1.0
     digits = len(str(most))
     out = console()
-    for name, f in zip(names, files):
+    for name, f in zip(names, files, strict=False):
         if f.binary:
             counts = f"Bin {f.old_size} -> {f.new_size} bytes"
         else:

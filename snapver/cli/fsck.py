@@ -33,7 +33,7 @@ def fsck(json_out: JsonOpt = False) -> int:
     return 0
 
 
-def fsck_counts(result: "object") -> str:
+def fsck_counts(result: object) -> str:
     """What fsck checked, each number named: ``9 snapshots (as log lists them), 3 patch
     commits, 2 push records, 1204 blobs``."""
     kinds = result.kinds  # type: ignore[attr-defined]

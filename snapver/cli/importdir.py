@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from snapver.cli.app import app
@@ -18,11 +16,11 @@ def import_(
                                  "srt/, or the inside of sglang/srt (matched as a folder ref is)."),
     node: str = typer.Option(..., "--node", help="The node it is a snapshot of (a configured node, or a new "
                              "name for an archive)."),
-    date: Optional[str] = typer.Option(None, "--date", help="When the copy was taken: YYYY-MM-DD[THH:MM], local "
+    date: str | None = typer.Option(None, "--date", help="When the copy was taken: YYYY-MM-DD[THH:MM], local "
                                        "time (default: the newest mtime of its files)."),
-    tag: Optional[str] = typer.Option(None, "--tag", help="Tag the snapshot."),
+    tag: str | None = typer.Option(None, "--tag", help="Tag the snapshot."),
     message: NoteOpt = "",
-    root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
+    root: str | None = typer.Option(None, "--root", metavar="PREFIX",
                                        help="The folder is site-packages/PREFIX (e.g. sglang/srt), not matched."),
     json_out: JsonOpt = False,
 ) -> int:

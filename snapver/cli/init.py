@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,7 +16,7 @@ from snapver.cli.state import STATE
 @app.command()
 def init(
     local: bool = typer.Option(False, "--local", help="Add node `local`: this Python's site-packages, no SSH."),
-    writer: Optional[str] = typer.Option(None, "--writer", metavar="NAME",
+    writer: str | None = typer.Option(None, "--writer", metavar="NAME",
                                          help="This store's writer id for `snapver sync` (default: user@host); "
                                               "on an existing store, changes it."),
     json_out: JsonOpt = False,

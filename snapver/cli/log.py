@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from snapver.cli.app import app
@@ -14,9 +12,9 @@ from snapver.cli.state import STATE
 
 @app.command()
 def log(
-    node: Optional[str] = typer.Argument(None, help="Only this node's snapshots."),
-    limit: Optional[int] = typer.Option(None, "-n", help="At most N snapshots.", min=1),
-    since: Optional[str] = typer.Option(None, "--since", metavar="DATE",
+    node: str | None = typer.Argument(None, help="Only this node's snapshots."),
+    limit: int | None = typer.Option(None, "-n", help="At most N snapshots.", min=1),
+    since: str | None = typer.Option(None, "--since", metavar="DATE",
                                         help="Only snapshots taken on or after DATE (2026-05-22, may22, ISO time)."),
     oneline: bool = typer.Option(False, "--oneline", help="One short line per snapshot: id, date, node, event."),
     json_out: JsonOpt = False,

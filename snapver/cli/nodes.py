@@ -33,6 +33,7 @@ def nodes(
         return code
     columns = ("node", "address") + (("reachable", "python", "site-packages", "version")
                                       if check else ("site-packages",))
+    rows: list[tuple[str, ...]]  # a row has as many cells as the columns asked for
     rows = [(escape(c.node), escape(c.address), "[green]yes[/green]" if c.reachable else "[red]no[/red]",
              show_path(c.python) or "?", show_path(c.site_packages) or "?", show_path(c.dists) or "?") if check else
             (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]

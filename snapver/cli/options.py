@@ -7,7 +7,7 @@ command does with it takes its shape from ``node_args`` and its own help:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, List, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -25,5 +25,5 @@ def node_args(help: str, required: bool = False) -> Any:
 
 
 # The targets of a command that reads every node when none is named (status, ps).
-NodesArg = Annotated[Optional[List[str]], node_args("Nodes or groups (default: every node).")]
+NodesArg = Annotated[list[str] | None, node_args("Nodes or groups (default: every node).")]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -34,7 +33,7 @@ def _status_line(status: str, path: str) -> str:
     return f"  [{colour}]{status}[/{colour}]  {show_path(path)}"
 
 
-def _report(patch: "object", how: str, files: "object" = None) -> None:
+def _report(patch: object, how: str, files: object = None) -> None:
     """One line about a patch just written, then its files (or ``files``) with their status."""
     from snapver.ops.patch import Patch
 
@@ -47,7 +46,7 @@ def _report(patch: "object", how: str, files: "object" = None) -> None:
     _warn_broken(patch)
 
 
-def _warn_broken(patch: "object") -> None:
+def _warn_broken(patch: object) -> None:
     """A warning per file a push would refuse (conflict markers, Python that does not compile)."""
     err = console(stderr=True)
     for broken in getattr(patch, "broken", []):
@@ -57,14 +56,14 @@ def _warn_broken(patch: "object") -> None:
 @patch_app.command("new")
 def new(
     name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
-    base: Optional[str] = typer.Option(None, "--base", help="The snapshot it applies to (tag, node, id …); "
+    base: str | None = typer.Option(None, "--base", help="The snapshot it applies to (tag, node, id …); "
                                        "leave out to check out an existing patch."),
-    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    nodes: list[str] | None = typer.Option(None, "--nodes", help=NODES_HELP),
     message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
-    from_folder: Optional[str] = typer.Option(None, "--from", metavar="FOLDER",
+    from_folder: str | None = typer.Option(None, "--from", metavar="FOLDER",
                                               help="Make the patch the base → this folder's tree (a copy of srt, "
                                               "a source checkout …, matched as a folder ref is)."),
-    root: Optional[str] = typer.Option(None, "--root", metavar="PREFIX",
+    root: str | None = typer.Option(None, "--root", metavar="PREFIX",
                                        help="With --from: the folder is site-packages/PREFIX, not matched."),
 ) -> int:
     """Start a patch: an editable checkout of the base tree; prints its folder.
@@ -117,9 +116,9 @@ def import_(
     name: str = typer.Argument(..., metavar="PATCH", help="The new patch's name."),
     file: str = typer.Argument(..., help="A unified diff (`diff -u`, `git diff`, `git format-patch`); - for stdin."),
     base: str = typer.Option(..., "--base", help="The snapshot the diff was made against."),
-    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    nodes: list[str] | None = typer.Option(None, "--nodes", help=NODES_HELP),
     message: str = typer.Option("", "-m", "--message", help="What the patch is for (default: the mail subject)."),
-    strip: Optional[int] = typer.Option(None, "-p", "--strip", min=0,
+    strip: int | None = typer.Option(None, "-p", "--strip", min=0,
                                         help="Leading path components to strip (default: guessed, like patch -pN)."),
 ) -> int:
     """Make a patch from a unified diff; paths relative to site-packages (a/ b/ accepted).
@@ -149,7 +148,7 @@ def capture(
     name: str = typer.Argument(..., metavar="PATCH", help="The new patch's name."),
     node: str = typer.Argument(..., help="The live node whose drift becomes the patch."),
     base: str = typer.Option(..., "--base", help="The snapshot the node drifted from."),
-    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help=NODES_HELP + " Default: NODE."),
+    nodes: list[str] | None = typer.Option(None, "--nodes", help=NODES_HELP + " Default: NODE."),
     message: str = typer.Option("", "-m", "--message", help="What the patch is for."),
 ) -> int:
     """Turn a node's live drift from --base (hand-made hot-fixes) into a patch.
@@ -188,10 +187,20 @@ def list_(json_out: JsonOpt = False) -> int:
         out.print("no patches yet (make one with `snapver patch new`, `import` or `capture`)")
     for p in patches:
         nodes = ", ".join(p.nodes) or "-"
-        out.print(fields_line(out, [f"[bold]{escape(p.name)}[/bold]", p.commit[:10],
-                                    f"{int(p.meta.get('files', 0))} file(s)", f"base {p.base[:10]} ({escape(p.base_node)})",
-                                    f"nodes {escape(nodes)}", f"{p.time:%Y-%m-%d %H:%M}",
-                                    *([show_path(p.message.splitlines()[0])] if p.message else [])]))
+        out.print(
+            fields_line(
+                out,
+                [
+                    f"[bold]{escape(p.name)}[/bold]",
+                    p.commit[:10],
+                    f"{int(p.meta.get('files', 0))} file(s)",
+                    f"base {p.base[:10]} ({escape(p.base_node)})",
+                    f"nodes {escape(nodes)}",
+                    f"{p.time:%Y-%m-%d %H:%M}",
+                    *([show_path(p.message.splitlines()[0])] if p.message else []),
+                ],
+            )
+        )
     return 0
 
 
@@ -255,7 +264,7 @@ def show(
 @patch_app.command("export")
 def export(
     name: str = typer.Argument(..., metavar="PATCH", help="The patch's name."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file, not stdout."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file, not stdout."),
 ) -> int:
     """Print the patch as a unified diff that `git apply` / `patch -p1` apply in site-packages.
 

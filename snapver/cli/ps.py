@@ -3,7 +3,7 @@ and which need a restart to run what is on disk now."""
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 import typer
 
@@ -16,7 +16,7 @@ FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to t
 
 @app.command()
 def ps(
-    targets: List[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
+    targets: list[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
                                         help="Nodes or groups (default: every node)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> int:

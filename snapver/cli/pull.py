@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
-from snapver.cli.render import console, emit_json, escape, human_bytes
+from snapver.cli.render import PlainConsole, console, emit_json, escape, human_bytes
 from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 @app.command()
 def pull(
-    targets: Annotated[Optional[List[str]], node_args("Nodes or groups to snapshot.")] = None,
+    targets: Annotated[list[str] | None, node_args("Nodes or groups to snapshot.")] = None,
     all_nodes: AllNodesOpt = False,
-    tag: Optional[str] = typer.Option(None, "--tag", help="Tag the new snapshot (one node)."),
+    tag: str | None = typer.Option(None, "--tag", help="Tag the new snapshot (one node)."),
     message: NoteOpt = "",
     json_out: JsonOpt = False,
 ) -> int:
@@ -51,8 +51,8 @@ def pull(
         return _pull(config, specs, tag, message, json_out, starting)
 
 
-def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message: str, json_out: bool,
-          starting: "Starting") -> int:
+def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, json_out: bool,
+          starting: Starting) -> int:
     """The pull itself, while ``starting`` connects to ``specs``."""
     from snapver.errors import RefError
     from snapver.ops.pull import pull as pull_nodes
@@ -61,11 +61,10 @@ def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message
 
     store = STATE.store(config, create=True)
     if tag is not None:
-        from snapver.store.team import TeamView
-
         # As `snapver tag`: a tag never moves silently, nor one another writer of a team
         # store holds (the pull writes it only where none is: see ops/pull.py _tag).
         from snapver.ops.tag import check_not_a_patch
+        from snapver.store.team import TeamView
 
         view = TeamView(store)
         check_not_a_patch(view, tag)
@@ -86,8 +85,11 @@ def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message
     if show_bar:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+        assert not isinstance(err, PlainConsole)  # is_terminal: rich's console
         label = "pulling {task.fields[nodes]}: {task.fields[files]}/{task.fields[total_files]} files"
-        with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True) as bar:
+        with Progress(
+            TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True
+        ) as bar:
             task = bar.add_task("pull", total=None, files=0, total_files="?", nodes=escape(bar_names(specs)))
 
             def plan(files: int, size: int) -> None:
@@ -110,14 +112,14 @@ def _pull(config: "Config", specs: "list[NodeSpec]", tag: Optional[str], message
     return result.exit_code
 
 
-def bar_names(specs: "list[object]", most: int = 3) -> str:
+def bar_names(specs: list[NodeSpec], most: int = 3) -> str:
     """The nodes a progress bar names: ``ct200``, ``ct200, ct129``, ``ct200, ct129, ct130 +5``."""
-    names = [spec.name for spec in specs]  # type: ignore[attr-defined]
+    names = [spec.name for spec in specs]
     shown = ", ".join(names[:most])
     return shown + (f" +{len(names) - most}" if len(names) > most else "")
 
 
-def summary_line(result: "object") -> str:
+def summary_line(result: object) -> str:
     """One line per node: files, changed, bytes transferred, seconds — or the error."""
     from snapver.ops.snapshot import NodePull
 

@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from snapver import interrupt
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, DryRunOpt, JsonOpt, YesOpt, node_args
-from snapver.cli.state import STATE
 from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
     from snapver.ops.plan import NodePlan
-    from snapver.ops.push import PushPlan, PushResult
-    from snapver.ops.run import NodeRun, Pauses
+    from snapver.ops.push import PushPlan, PushResult, WavesResult
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
+    from snapver.ops.run import NodeRun, Pauses
 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
 
 
-def _step_line(step: "object") -> str:
+def _step_line(step: object) -> str:
     from snapver.ops.plan import Step
 
     assert isinstance(step, Step)
@@ -32,7 +32,7 @@ def _step_line(step: "object") -> str:
     return f"  [{colour}]{mark}[/{colour}] {show_path(step.path)}  ({escape(step.note)})"
 
 
-def render_node_plan(plan: "NodePlan", verbose_skips: bool = True) -> None:
+def render_node_plan(plan: NodePlan, verbose_skips: bool = True) -> None:
     out = console()
     name = escape(plan.node)
     for note in plan.notes:
@@ -53,7 +53,7 @@ def render_node_plan(plan: "NodePlan", verbose_skips: bool = True) -> None:
             out.print(_step_line(step))
 
 
-def render_run(run: "NodeRun") -> None:
+def render_run(run: NodeRun) -> None:
     name = escape(run.node)
     snapshots = f"snapshots {str(run.before)[:10]} → {str(run.after)[:10] if run.after else '?'}"
     bytecode = f", {len(run.bytecode_removed)} stale bytecode file(s) removed" if run.bytecode_removed else ""
@@ -122,7 +122,7 @@ def _between_waves(index: int, names: list[str], pause: float, yes: bool) -> boo
     return True
 
 
-def _render_waves_end(outcome: "object", action: str = "push") -> None:
+def _render_waves_end(outcome: object, action: str = "push") -> None:
     """Where a rollout in waves got to (a push's ``WavesResult`` or a rollback's ``WavesOutcome``)."""
     from snapver.ops.push import WavesResult
     from snapver.ops.waves import INTERRUPTED, WavesOutcome
@@ -148,7 +148,7 @@ def _render_waves_end(outcome: "object", action: str = "push") -> None:
     render_patched(outcome)
 
 
-def render_patched(result: "PushResult") -> None:
+def render_patched(result: PushResult) -> None:
     """After a push that failed or stopped: the nodes it leaves patched, by name."""
     if result.patched:
         names = ", ".join(result.patched)
@@ -156,7 +156,7 @@ def render_patched(result: "PushResult") -> None:
                                    f"(`snapver rollback {escape(names.replace(', ', ' '))}` undoes it)")
 
 
-def _test_pauses() -> "Pauses":
+def _test_pauses() -> Pauses:
     """Where a test holds this process's writes, from its environment (``snapver/testhooks.py``,
     the one reader of those variables); no pause outside the tests."""
     from snapver import testhooks
@@ -179,7 +179,7 @@ def confirm(yes: bool, question: str) -> bool:
 @app.command()
 def push(
     patch: str = typer.Argument(..., help="The patch to apply."),
-    targets: Annotated[Optional[List[str]], node_args("Where (default: the patch's --nodes).")] = None,
+    targets: Annotated[list[str] | None, node_args("Where (default: the patch's --nodes).")] = None,
     all_nodes: AllNodesOpt = False,
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
@@ -188,19 +188,19 @@ def push(
                                       "do not compile under the node's Python (recorded)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes (nor the "
                                     "finished waves) when one fails."),
-    health: Optional[str] = typer.Option(None, "--health", metavar="CMD",
+    health: str | None = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1,
                                                    help="Seconds the restart and each health check may take "
                                                    "(default: the config's health_timeout, else 300)."),
-    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+    restart: str | None = typer.Option(None, "--restart", metavar="CMD",
                                           help="Run CMD (sh) on each node after writing, before the health "
                                           "checks (default: the config's restart)."),
     no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
-    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+    health_url: str | None = typer.Option(None, "--health-url", metavar="URL",
                                              help="Poll URL from each node after writing until it answers 2xx; "
                                              "failure rolls the node back and restarts it on the restored code."),
-    waves: Optional[str] = typer.Option(None, "--waves", metavar="SPEC",
+    waves: str | None = typer.Option(None, "--waves", metavar="SPEC",
                                         help="Roll out in waves, e.g. 1,25%,100% (cumulative node counts or "
                                         "percentages; default: the config's waves): each wave written, restarted "
                                         "and healthy before the next; a failure stops the push."),
@@ -250,6 +250,7 @@ def push(
             console(stderr=True).print("snapver: nothing written")
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
+        result: WavesResult | PushResult
         if waves_spec is not None:
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
@@ -266,7 +267,7 @@ def push(
     return result.exit_code
 
 
-def _render_push_plan(plan: "PushPlan", name: str, dry_run: bool) -> None:
+def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
     out = console()
     names = ", ".join(n.node for n in plan.nodes)
     out.print(f"push {escape(name)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
@@ -278,7 +279,7 @@ def _render_push_plan(plan: "PushPlan", name: str, dry_run: bool) -> None:
         out.print(f"{label}: {escape(str(broken))}")
 
 
-def _render_push_result(result: "PushResult", stale: list, in_waves: bool) -> None:
+def _render_push_result(result: PushResult, stale: list, in_waves: bool) -> None:
     if in_waves:
         _render_waves_end(result)
     else:
@@ -291,22 +292,22 @@ def _render_push_result(result: "PushResult", stale: list, in_waves: bool) -> No
 
 @app.command()
 def rollback(
-    targets: Annotated[List[str], node_args("The nodes to restore.", required=True)],
-    to: Optional[str] = typer.Option(None, "--to", help="The snapshot to restore (default: as it was before "
+    targets: Annotated[list[str], node_args("The nodes to restore.", required=True)],
+    to: str | None = typer.Option(None, "--to", help="The snapshot to restore (default: as it was before "
                                      "the last push that changed it)."),
     dry_run: DryRunOpt = False,
     yes: YesOpt = False,
     force: bool = typer.Option(False, "--force", help="Also restore files changed since the push wrote them."),
-    restart: Optional[str] = typer.Option(None, "--restart", metavar="CMD",
+    restart: str | None = typer.Option(None, "--restart", metavar="CMD",
                                           help="Run CMD (sh) on the node after restoring it (default: the "
                                           "config's restart)."),
     no_restart: bool = typer.Option(False, "--no-restart", help="Do not run the config's restart command."),
-    health: Optional[str] = typer.Option(None, "--health", metavar="CMD", help="Run CMD (sh) after restoring."),
-    health_url: Optional[str] = typer.Option(None, "--health-url", metavar="URL",
+    health: str | None = typer.Option(None, "--health", metavar="CMD", help="Run CMD (sh) after restoring."),
+    health_url: str | None = typer.Option(None, "--health-url", metavar="URL",
                                              help="Poll URL from the node after restoring until it answers 2xx."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1,
+    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1,
                                                    help="Seconds the restart and each health check may take."),
-    waves: Optional[str] = typer.Option(None, "--waves", metavar="SPEC",
+    waves: str | None = typer.Option(None, "--waves", metavar="SPEC",
                                         help="Restore in waves, e.g. 1,100% (as push --waves; the config's waves "
                                         "is for push only): each wave restored, restarted and healthy before the "
                                         "next; a failure stops the rollback."),
@@ -324,8 +325,8 @@ def rollback(
       snapver rollback tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
     from snapver.config import parse_waves
-    from snapver.ops.ps import stale_after_write
     from snapver.ops.hooks import hooks_for
+    from snapver.ops.ps import stale_after_write
     from snapver.ops.rollback import apply_rollbacks, plan_rollbacks, rollbacks_refusal
 
     if waves is not None:
@@ -379,7 +380,7 @@ def rollback(
     return result.exit_code
 
 
-def _render_rollback_plans(plans: "list[RollbackPlan]", dry_run: bool) -> None:
+def _render_rollback_plans(plans: list[RollbackPlan], dry_run: bool) -> None:
     out = console()
     for plan in plans:
         out.print(f"rollback {escape(plan.node.node)} to {plan.target[:10]} ({escape(plan.reason)})"
@@ -391,7 +392,7 @@ def _render_rollback_plans(plans: "list[RollbackPlan]", dry_run: bool) -> None:
         render_node_plan(plan.node)
 
 
-def _render_rollback_result(plans: "list[RollbackPlan]", result: "RollbacksResult", stale: list) -> None:
+def _render_rollback_result(plans: list[RollbackPlan], result: RollbacksResult, stale: list) -> None:
     for plan in plans:
         run = result.run_of(plan.node.node)
         if run is not None and plan.nothing_to_do:
@@ -403,8 +404,8 @@ def _render_rollback_result(plans: "list[RollbackPlan]", result: "RollbacksResul
     render_stale(stale, "rollback")
 
 
-def _rollback_json(plans: "list[RollbackPlan]", single: bool, dry_run: bool, exit_code: int,
-                   result: "RollbacksResult | None" = None) -> dict[str, Any]:
+def _rollback_json(plans: list[RollbackPlan], single: bool, dry_run: bool, exit_code: int,
+                   result: RollbacksResult | None = None) -> dict[str, Any]:
     """One node without waves: that node's plan and result (as before several nodes could be
     named); else ``nodes``, each a plan with its result, and the waves' outcome."""
     if single:

@@ -12,7 +12,8 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from snapver.cli.state import STATE
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 PLAIN_WIDTH = 400
 
 
-def console(stderr: bool = False) -> Union[Console, PlainConsole]:
+def console(stderr: bool = False) -> Console | PlainConsole:
     """A console for stdout or stderr; off a terminal, lines are never wrapped or cut."""
     stream = sys.stderr if stderr else sys.stdout
     if not stderr and isinstance(stream, HeldOutput):  # a terminal's output, held for the pager
@@ -35,8 +36,8 @@ def console(stderr: bool = False) -> Union[Console, PlainConsole]:
     return PlainConsole(stderr, not STATE.color)
 
 
-def rich_console(stderr: bool, width: Optional[int], no_color: bool,
-                 force_terminal: Optional[bool] = None) -> Console:
+def rich_console(stderr: bool, width: int | None, no_color: bool,
+                 force_terminal: bool | None = None) -> Console:
     return _console_class()(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=True, width=width,
                             force_terminal=force_terminal)
 
@@ -88,7 +89,7 @@ class PlainConsole:
     def __init__(self, stderr: bool = False, no_color: bool = False) -> None:
         self.stderr = stderr
         self.no_color = no_color
-        self._rich: Optional[Console] = None
+        self._rich: Console | None = None
 
     def print(self, *objects: Any, **options: Any) -> None:
         plain = len(objects) == 1 and options.keys() <= {"style"} and options.get("style") is None
@@ -130,7 +131,7 @@ def reader_gone() -> NoReturn:
     raise SystemExit(STATE.outcome)
 
 
-def plain_text(markup: object) -> Optional[str]:
+def plain_text(markup: object) -> str | None:
     """``markup`` as rich prints it off a terminal (without the newline), or None when unsure."""
     if not isinstance(markup, str):
         return None
@@ -172,20 +173,21 @@ PATH_COLUMNS = frozenset({"site-packages", "python"})
 MIN_PATH = 10  # a path column keeps at least this many characters
 
 
-def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it.
 
     On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
     every cell is whole, lines as long as they need.
     """
-    text = plain_table(columns, rows) if isinstance(out, PlainConsole) else None
-    if text is not None:
-        out.write(text)
-        return
+    if isinstance(out, PlainConsole):
+        text = plain_table(columns, rows)
+        if text is not None:
+            out.write(text)
+            return
     from rich.table import Table
     from rich.text import Text
 
-    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows)]
+    plain = [[Text.from_markup(cell).plain for cell in column] for column in zip(columns, *rows, strict=False)]
     widths = [max(len(cell) for cell in column) for column in plain]
     needed = sum(widths) + 2 * (len(widths) - 1)
     if STATE.wide and out.is_terminal and needed > out.width:
@@ -194,13 +196,13 @@ def print_table(out: Union[Console, PlainConsole], columns: tuple[str, ...], row
     # their longest word (they wrap at spaces, never inside a word).
     least = [width if column in KEEP_COLUMNS else min(width, MIN_PATH) if column in PATH_COLUMNS
              else max(len(word) for cell in cells for word in (cell.split() or [""]))
-             for column, width, cells in zip(columns, widths, plain)]
+             for column, width, cells in zip(columns, widths, plain, strict=False)]
     if out.is_terminal and not STATE.wide and needed > out.width:
         rows = _elide_paths(columns, rows, widths, least, needed - out.width)
     # Columns stay two spaces apart, one when even their narrowest would not fit otherwise.
     tight = out.is_terminal and not STATE.wide and sum(least) + 2 * (len(least) - 1) > out.width
     table = Table(box=None, pad_edge=False, collapse_padding=tight)
-    for column, narrowest in zip(columns, least):
+    for column, narrowest in zip(columns, least, strict=False):
         table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
         table.add_row(*row)
@@ -212,7 +214,7 @@ def _elide_paths(columns: tuple[str, ...], rows: list[tuple[str, ...]], widths: 
     """``rows`` with the cells of PATH_COLUMNS cut in the middle so that the table fits:
     the wrapping columns give way first (down to their longest word), then the paths, the
     widest first, down to MIN_PATH."""
-    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least)
+    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least, strict=False)
                    if column not in KEEP_COLUMNS and column not in PATH_COLUMNS)
     excess -= wrapping
     limits = list(widths)
@@ -242,7 +244,7 @@ def elide_middle(markup: str, width: int) -> str:
     return escape(plain[:head] + "…" + plain[len(plain) - (keep - head):])
 
 
-def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator: str = "  ",
+def fields_line(out: Console | PlainConsole, fields: list[str], separator: str = "  ",
                 indent: int = 4) -> str:
     """Markup ``fields`` joined by ``separator`` on one line; on a terminal too narrow for it
     (and without `-w/--wide`), broken between fields, never inside one (a date stays whole),
@@ -265,23 +267,27 @@ def fields_line(out: Union[Console, PlainConsole], fields: list[str], separator:
     return "\n".join(lines)
 
 
-def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Optional[str]:
+def plain_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str | None:
     """The lines rich prints for such a table off a terminal, or None when unsure.
 
     Every column is as wide as its widest cell; two spaces between columns, none at the
     edges; every cell (the last too) padded to its column's width.
     """
-    cells = [[plain_text(cell) for cell in row] for row in [tuple(columns), *rows]]
-    if not columns or any(len(row) != len(columns) for row in cells):
+    texts = [[plain_text(cell) for cell in row] for row in [tuple(columns), *rows]]
+    if not columns or any(len(row) != len(columns) for row in texts):
         return None
-    for row in cells:  # one short line of one-cell-wide characters a cell, or rich decides
-        for cell in row:
-            if cell is None or not cell.isascii() or "\n" in cell:
-                return None
+    cells: list[list[str]] = []
+    for row in texts:  # one short line of one-cell-wide characters a cell, or rich decides
+        plain = [cell for cell in row if cell is not None and cell.isascii() and "\n" not in cell]
+        if len(plain) != len(row):
+            return None
+        cells.append(plain)
     widths = [max(len(row[index]) for row in cells) for index in range(len(columns))]
     if sum(widths) + 2 * (len(widths) - 1) > PLAIN_WIDTH or not all(widths):
         return None  # rich would wrap cells (or give an empty column a width)
-    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "\n" for row in cells)
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "\n" for row in cells
+    )
 
 
 # A byte of a name that is not UTF-8, as paths hold it (surrogateescape).
@@ -394,7 +400,7 @@ def screen_lines(text: bytes, columns: int) -> int:
     return count - (1 if text.endswith(b"\n") else 0)
 
 
-def pager_command(config_pager: Union[bool, str, None]) -> Optional[str]:
+def pager_command(config_pager: bool | str | None) -> str | None:
     """The pager to run, as git picks it, or None: none wanted (`cat` or empty is none)."""
     if config_pager is False:
         return None
@@ -428,7 +434,7 @@ def release_to_pager() -> None:
         sys.stdout.flush()
 
 
-def _configured_pager() -> Union[bool, str, None]:
+def _configured_pager() -> bool | str | None:
     """`[ui] pager` of the config, or None (unset, or no config to read)."""
     from snapver.errors import SnapverError
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from typing import TYPE_CHECKING, Iterator, Optional
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from snapver.model import Entry
 
 
-def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[bytes]") -> None:
+def _emit_file_json(snapshot: str, path: str, file: Entry, pieces: Iterator[bytes]) -> None:
     """`show REF PATH --json`: one JSON document holding the file as text (UTF-8 up to 1 MiB),
     else as base64 written as it is read (a 500 MB ``.so`` is never held whole)."""
     document = {"snapshot": snapshot, "path": path, "kind": file.kind, "mode": f"{file.mode:o}", "size": file.size}
@@ -46,7 +47,7 @@ def _emit_file_json(snapshot: str, path: str, file: "Entry", pieces: "Iterator[b
 @app.command()
 def show(
     ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
-    path: Optional[str] = typer.Argument(None, help="A file, relative to site-packages."),
+    path: str | None = typer.Argument(None, help="A file, relative to site-packages."),
     json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
 ) -> int:
     """A snapshot's metadata, or one file's content in it.
@@ -109,10 +110,10 @@ def show(
     if result.changes is None:
         out.print(f"\nfirst snapshot of {show_path(info.node)}: {info.files} files")
     elif not result.changes.changes:
-        out.print(f"\nno file changed from {result.parent[:10]}")
+        out.print(f"\nno file changed from {(result.parent or '')[:10]}")
     else:
         from snapver.cli.diff import print_stat
 
-        out.print(f"\nchanged from {result.parent[:10]}:")
+        out.print(f"\nchanged from {(result.parent or '')[:10]}:")
         print_stat(result.changes)
     return 0

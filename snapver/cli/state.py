@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from snapver.config import Config
@@ -17,23 +17,23 @@ if TYPE_CHECKING:
 class Globals:
     """Options given before the command, shared by every command."""
 
-    config_path: Optional[str] = None
+    config_path: str | None = None
     verbose: bool = False
     color: bool = True
     no_pager: bool = False
     wide: bool = False  # -w/--wide of a command that prints a table: nothing cut, nothing wrapped
     outcome: int = 0  # the exit code of the result being printed (render.outcome)
 
-    def config(self) -> "Config":
+    def config(self) -> Config:
         from snapver.config import load_config
 
         return load_config(self.config_path)
 
-    command: Optional[str] = None  # the command being run (for `[store] sync = "auto"`)
+    command: str | None = None  # the command being run (for `[store] sync = "auto"`)
     auto_synced: bool = False
-    opened: Optional[tuple["Store", "Config"]] = None  # the store a command opened, to sync after it
+    opened: tuple[Store, Config] | None = None  # the store a command opened, to sync after it
 
-    def store(self, config: "Config", create: bool = False) -> "Store":
+    def store(self, config: Config, create: bool = False) -> Store:
         from snapver.store.repo import Store
 
         store = Store.open_or_create(config.store_path) if create else Store(config.store_path)
@@ -49,7 +49,7 @@ SYNC_BEFORE = frozenset({"log", "show", "diff", "status", "tag", "patch", "push"
 SYNC_AFTER = frozenset({"pull", "tag", "patch", "push", "rollback", "import"})
 
 
-def auto_sync(store: "Store", config: "Config") -> None:
+def auto_sync(store: Store, config: Config) -> None:
     """One sync with a short timeout when the config asks for it; offline (or any failure)
     is one warning line on stderr, never a failed command."""
     if config.sync != "auto" or not config.remote or STATE.command == "sync":

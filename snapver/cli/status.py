@@ -4,10 +4,9 @@ ops.status, render the fleet table (or the fleet matrix)."""
 from __future__ import annotations
 
 import stat
-from typing import Any, Optional
+from typing import Any
 
 import typer
-
 
 from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
 from snapver.cli.options import JsonOpt, NodesArg
@@ -29,7 +28,7 @@ def status(
     files: bool = typer.Option(False, "--files",
                                help="The fleet matrix: one row per file not the same on every node "
                                "(or per file named after `--`), a letter per node's content."),
-    against: Optional[str] = typer.Option(None, "--against", metavar="REF",
+    against: str | None = typer.Option(None, "--against", metavar="REF",
                                           help="Known-good code: a snapshot, tag or folder instead of "
                                           "each node's RECORD."),
     json_out: JsonOpt = False,
@@ -76,7 +75,8 @@ def status(
 
 def render_status(result: Any) -> None:
     out = console()
-    columns = ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart")
+    columns: tuple[str, ...] = ("node", "reachable", "snapshot", "since snapshot", "known-good", "state", "restart")
+    rows: list[tuple[str, ...]]
     rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
              _restart(row)) for row in result.nodes]
     if getattr(out, "is_terminal", False) and all(row[-1] in ("0", "-") for row in rows):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from snapver.cli.app import app
@@ -14,8 +12,8 @@ from snapver.cli.state import STATE
 
 @app.command()
 def tag(
-    name: Optional[str] = typer.Argument(None, help="The tag to create (or, with -d, delete)."),
-    ref: Optional[str] = typer.Argument(None, help="The snapshot to name (default: the newest; "
+    name: str | None = typer.Argument(None, help="The tag to create (or, with -d, delete)."),
+    ref: str | None = typer.Argument(None, help="The snapshot to name (default: the newest; "
                                         "a node name = its newest snapshot)."),
     list_tags: bool = typer.Option(False, "-l", "--list", help="List tags: snapshot, node, date."),
     delete: bool = typer.Option(False, "-d", "--delete", help="Delete tag NAME."),

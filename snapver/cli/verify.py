@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, List
+from typing import Annotated
 
 from snapver.cli.app import app
 from snapver.cli.options import JsonOpt, node_args
@@ -13,7 +13,7 @@ from snapver.cli.state import STATE
 
 @app.command()
 def verify(
-    targets: Annotated[List[str], node_args("Nodes (or groups) to check.", required=True)],
+    targets: Annotated[list[str], node_args("Nodes (or groups) to check.", required=True)],
     json_out: JsonOpt = False,
 ) -> int:
     """Live files against the installed distribution's RECORD: what changed since `pip install`.
@@ -38,7 +38,9 @@ def verify(
             continue
         for label, paths in (("M", result.modified), ("D", result.missing), ("A", result.extra)):
             for path in paths:  # as `diff --name-status` prints them (rich would expand the tab)
-                sys.stdout.buffer.write(f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape"))
+                sys.stdout.buffer.write(
+                    f"{label}\t{show_path(path, markup=False)}\n".encode("utf-8", "surrogateescape")
+                )
         sys.stdout.flush()
         against = show_list(result.dists)
         for leftover in result.leftovers:

@@ -8,8 +8,9 @@ save`, `import` and `rebase` warn about the same files at once, compiling here.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from snapver.model import FILE, Entry
 from snapver.store.repo import BIG_BLOB, Store

@@ -14,20 +14,41 @@ from __future__ import annotations
 import difflib
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import UsageError
-from snapver.model import (ADDED, DELETED, FILE, LINK, MODIFIED, TYPE_CHANGED, ZERO_OID, Change, Entry, Manifest,
-                           compare_manifests, quote_path)
+from snapver.model import (
+    ADDED,
+    DELETED,
+    FILE,
+    LINK,
+    MODIFIED,
+    TYPE_CHANGED,
+    ZERO_OID,
+    Change,
+    Entry,
+    Manifest,
+    compare_manifests,
+    quote_path,
+)
 from snapver.ops.scope import LeftOut, unrecorded_note, within_both
-from snapver.ops.trees import (Side, load_sides, match_operand, normalize_paths, read_contents, select_paths, side_scope,
-                               tracked_roots)
+from snapver.ops.trees import (
+    Side,
+    load_sides,
+    match_operand,
+    normalize_paths,
+    read_contents,
+    select_paths,
+    side_scope,
+    tracked_roots,
+)
 from snapver.refs import Resolver, TreeRef
-from snapver.unidiff import split_lines
 from snapver.store.repo import Store
 from snapver.transport.connect import Starting
+from snapver.unidiff import split_lines
 
 BINARY_SNIFF = 8000  # git's rule: a NUL in the first 8000 bytes makes a file binary
 # A file above this is shown as binary without being read (git's core.bigFileThreshold
@@ -273,23 +294,23 @@ def file_diff(change: Change, old_data: bytes | None, new_data: bytes | None, co
         elif old_oid != new_oid:
             lines.append(index + b" %s\n" % git_mode(old).encode())
     if whole:
-        result = dict(old_size=len(old_bytes), new_size=len(new_bytes))
+        old_size, new_size = len(old_bytes), len(new_bytes)
     else:
-        result = dict(old_size=old.size if old is not None else 0, new_size=new.size if new is not None else 0)
+        old_size, new_size = (old.size if old is not None else 0), (new.size if new is not None else 0)
     if old_oid == new_oid:
-        return FileDiff(change, b"".join(lines), **result)
+        return FileDiff(change, b"".join(lines), old_size=old_size, new_size=new_size)
     from_name = _tab_if_space(a_name) if old is not None else "/dev/null"
     to_name = _tab_if_space(b_name) if new is not None else "/dev/null"
     if not whole or is_binary(old_bytes) or is_binary(new_bytes):
         lines.append(b"Binary files %s and %s differ\n" % (
             _enc(a_name if old is not None else "/dev/null"), _enc(b_name if new is not None else "/dev/null")))
-        return FileDiff(change, b"".join(lines), binary=True, **result)
+        return FileDiff(change, b"".join(lines), binary=True, old_size=old_size, new_size=new_size)
     old_lines, new_lines = split_lines(old_bytes), split_lines(new_bytes)
     hunks, added, removed = unified_hunks(old_lines, new_lines, context)
     if hunks:
         lines.append(b"--- %s\n+++ %s\n" % (_enc(from_name), _enc(to_name)))
         lines.extend(hunks)
-    return FileDiff(change, b"".join(lines), added, removed, **result)
+    return FileDiff(change, b"".join(lines), added, removed, old_size=old_size, new_size=new_size)
 
 
 def unified_hunks(old: list[bytes], new: list[bytes], context: int = 3) -> tuple[list[bytes], int, int]:

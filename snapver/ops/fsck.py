@@ -8,9 +8,10 @@ corrupt object ends one, so one bad object never hides the rest (nor crashes the
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import IO
 
 import blake3
 
@@ -72,7 +73,8 @@ def _fsck(store: Store) -> FsckResult:
         if commit.id not in manifest_oids:
             continue
         label = _label(commit)
-        data = read.get(manifest_oids[commit.id]) if manifest_oids[commit.id] else None
+        oid = manifest_oids[commit.id]
+        data = read.get(oid) if oid else None
         if manifest_oids[commit.id] == UNREADABLE:
             result.problems.append(f"{label}: its tree cannot be read (corrupt)")
             continue
@@ -170,7 +172,7 @@ def _batch_check(store: Store, format: str, names: list[str]) -> dict[str, str |
             return {names[0]: UNREADABLE}
         return {name: found for one in names for name, found in _batch_check(store, format, [one]).items()}
     return {name: None if line.endswith((" missing", " ambiguous")) else line.strip()
-            for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines())}
+            for name, line in zip(names, out.decode("utf-8", "surrogateescape").splitlines(), strict=False)}
 
 
 def _commits(store: Store, tips: list[str], result: FsckResult) -> list[Commit]:
@@ -271,7 +273,7 @@ def _read_objects(git_dir: Path, oids: list[str]) -> Iterator[tuple[str, bytes |
         pending = pending[done:]
 
 
-def _feed(pipe, oids: list[str]) -> None:  # type: ignore[no-untyped-def]
+def _feed(pipe: IO[bytes], oids: list[str]) -> None:
     try:
         for oid in oids:
             pipe.write(f"{oid}\n".encode())

@@ -27,10 +27,10 @@ import blake3
 
 from snapver.config import Config, valid_node_name
 from snapver.errors import RefError, RemotePathError, UsageError
+from snapver.folders import FolderTree, resolve_folder, tracked_paths
 from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.snapshot import count_changes
 from snapver.ops.tag import check_not_a_patch, check_tag_name
-from snapver.folders import FolderTree, resolve_folder, tracked_paths
 from snapver.refs import parse_day
 from snapver.store import refs
 from snapver.store.importer import Importer
@@ -106,7 +106,8 @@ def _through_link_hint(folder: FolderTree, node: str) -> str:
     for disk, _ in folder.roots:
         real = os.path.realpath(os.path.join(folder.site, disk))
         if real != os.path.join(site, disk):
-            return f"an import never reads through a link: import the folder it leads to (snapver import {real} --node {node})"
+            return ("an import never reads through a link: import the folder it leads to"
+                    f" (snapver import {real} --node {node})")
     return "an import never reads through a link; see `snapver import --help`"
 
 

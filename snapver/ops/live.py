@@ -10,19 +10,25 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from snapver.model import FILE, StatEntry
 from snapver.store import refs
-from snapver.store.cache import (STAT_CACHE_VERSION, STAT_KEYS_VERSION, of_version, stat_cache_path, stat_keys_path,
-                                 write_atomic)
+from snapver.store.cache import (
+    STAT_CACHE_VERSION,
+    STAT_KEYS_VERSION,
+    of_version,
+    stat_cache_path,
+    stat_keys_path,
+    write_atomic,
+)
 from snapver.store.repo import Store
 from snapver.store.team import TeamView
 from snapver.transport.base import Listing, StatKeys, Transport
-
 
 BY_PATH = attrgetter("path")  # the order of a keys file's records, and of its cache's blob ids
 
@@ -72,7 +78,7 @@ def parse_stat_keys(text: str) -> dict[str, Sequence[int]]:
     if len(fields) != 3 * len(paths) - 1 or any(fields[2::3]) or len(numbers) != 5 * len(paths):
         raise ValueError("malformed stat keys")
     each = iter(numbers)
-    return dict(zip(paths, zip(each, each, each, each, each)))
+    return dict(zip(paths, zip(each, each, each, each, each, strict=False), strict=False))
 
 
 def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys | None, int]:
@@ -180,7 +186,7 @@ def load_stat_cache(store: Store, node: str, head: str | None,
         if not isinstance(oids, list) or len(rows) != len(oids):
             return {}, 0
         return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], oid)
-                for (p, v), oid in zip(rows.items(), oids)}, now_ns
+                for (p, v), oid in zip(rows.items(), oids, strict=False)}, now_ns
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return {}, 0
 

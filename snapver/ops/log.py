@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
 from datetime import datetime
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import RefError, UsageError
@@ -36,7 +37,11 @@ class SnapshotInfo:
     @property
     def made_by(self) -> str:
         """``pull``, ``push NAME``, ``before-push NAME``, ``rollback``, ``before-rollback``, ``import``."""
-        return f"{self.event} {self.patch}" if self.patch and self.event in ("push", "before-push", "patch") else self.event
+        return (
+            f"{self.event} {self.patch}"
+            if self.patch and self.event in ("push", "before-push", "patch")
+            else self.event
+        )
 
     def to_json(self) -> dict:
         return {"id": self.id, "time": self.time.isoformat(), "node": self.node, "files": self.files,

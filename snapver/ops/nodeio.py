@@ -11,9 +11,9 @@ exactly what was written; one changed since is left alone and reported.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, ConflictError, SnapverError, StoreError, TransportError

@@ -35,10 +35,9 @@ def check_node(spec: NodeSpec) -> NodeCheck:
         with transport:
             info = transport.info
             assert info is not None
-            found = {"python": f"{info.python_version} ({info.python})", "site_packages": info.site_packages,
-                     "dists": info.dist_summary()}
             transport.list_tree(want_oids=False)  # the tracked paths exist and are readable
-            return NodeCheck(spec.name, spec.address, True, **found)
+            return NodeCheck(spec.name, spec.address, True, python=f"{info.python_version} ({info.python})",
+                             site_packages=info.site_packages, dists=info.dist_summary())
     except SnapverError as exc:
         reached = transport is not None and transport.reached
         return NodeCheck(spec.name, spec.address, reached, **found, error=str(exc), exit_code=exc.exit_code)

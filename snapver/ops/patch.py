@@ -15,10 +15,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import blake3
 
@@ -246,12 +247,12 @@ def _write_patch_commit(store: Store, name: str, parent: str, manifest: Manifest
         with store.importer() as importer:
             for data in blobs:
                 importer.add_blob(data)
-            previous = (old_tip,) if old_tip is not None and old_tip != parent else ()
+            previous: tuple[str, ...] = (old_tip,) if old_tip is not None and old_tip != parent else ()
             # Versions of other writers (and our own) that this one has not got yet become its
             # parents too: a new version has seen every version synced here (store/team.py).
             seen = {parent, *previous}
-            versions = {own, *view.by_writer(refs.PATCHES).get(name, {}).values()} - {None}
-            previous += tuple(commit for commit in sorted(versions)  # type: ignore[type-var]
+            versions = {v for v in (own, *view.by_writer(refs.PATCHES).get(name, {}).values()) if v is not None}
+            previous += tuple(commit for commit in sorted(versions)
                               if commit not in seen
                               and not any(view.contains(known, commit) for known in seen if known))
             mark = importer.commit(scratch, parent, manifest, format_message(subject, meta, meta.get("message", "")),
@@ -302,7 +303,9 @@ def _check_unsafe(diff: FileDiff, source: str) -> None:
                              hint="paths must be relative to site-packages")
 
 
-def _resolve_names(diffs: list[FileDiff], base: Base, strip: int | None, source: str) -> list[tuple[str | None, str | None]]:
+def _resolve_names(
+    diffs: list[FileDiff], base: Base, strip: int | None, source: str
+) -> list[tuple[str | None, str | None]]:
     """Each diff's (old, new) path relative to site-packages: the smallest prefix strip
     (like ``patch -pN``) that makes every name fit the base."""
 
@@ -315,7 +318,7 @@ def _resolve_names(diffs: list[FileDiff], base: Base, strip: int | None, source:
                 problems.append(f"{diff.new_path or diff.old_path}: too few path components for -p{level}")
                 names.append((old, new))
                 continue
-            if diff.created:
+            if diff.created and new is not None:
                 if not _within(new, base.paths):
                     problems.append(f"{new}: outside the tracked paths ({', '.join(base.paths)})")
             elif diff.deleted or diff.rename or diff.copy:
@@ -334,7 +337,7 @@ def _resolve_names(diffs: list[FileDiff], base: Base, strip: int | None, source:
 
     levels = [strip] if strip is not None else [0, 1, 2, 3]
     tried = [(level, *at(level)) for level in levels]
-    for level, names, problems in tried:
+    for _level, names, problems in tried:
         if not problems:
             return names
     level, _, problems = min(tried, key=lambda t: (len(t[2]), t[0]))
@@ -404,7 +407,7 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
             content[path] = read_blob(entry.oid)
         return entry, content[path]
 
-    for diff, (old, new) in zip(parsed.files, names):
+    for diff, (old, new) in zip(parsed.files, names, strict=False):
         target = new if new is not None else old
         assert target is not None
         _check_path_safety(target, state, base, source)
@@ -423,9 +426,9 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
                              hint="is --base the snapshot the diff was made against?")
         if diff.created and current(target)[0] is not None:
             raise PatchError(f"{source}: {target}: the diff creates it, but it already exists in the base")
-        if old_entry is not None and diff.binary_delta is not None:
+        if old is not None and old_entry is not None and diff.binary_delta is not None:
             check_delta_base(old, diff.old_oid, old_entry.oid, f"base {base.commit[:10]} ({base.node})", source)
-        if old_entry is not None:
+        if old is not None and old_entry is not None:
             _check_oid(old, diff.old_oid, old_entry.oid, "old", base, source)
         if diff.binary is not None:
             new_data = diff.binary
@@ -434,6 +437,7 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
         else:
             new_data = apply_hunks(target if old is None else old, old_data or b"", diff.hunks)
         if diff.deleted:
+            assert old is not None  # a deletion names the file it deletes (unidiff)
             if new_data:
                 raise PatchError(f"{source}: {old}: the diff deletes it but does not remove all of its lines",
                                  hint="is --base the snapshot the diff was made against?")
@@ -441,7 +445,7 @@ def changes_from_diff(data: bytes, base: Base, source: str, strip: int | None = 
             continue
         kind, mode = _mode_kind(diff.new_mode, old_entry)
         _check_oid(target, diff.new_oid, blob_oid(new_data), "new", base, source)
-        if diff.rename and old != target:
+        if diff.rename and old is not None and old != target:
             state[old] = None
         state[target] = entry_for(target, kind, mode, new_data)
         content[target] = new_data
@@ -559,7 +563,7 @@ def _write_checkout(store: Store, folder: Path, manifest: Manifest, marker: dict
             raise StoreError(f"{entry.path!r} would be written outside {folder} (through a symlink); refused",
                              hint="run `snapver fsck`")
         if entry.kind == LINK:
-            os.symlink(data, target)
+            os.symlink(data if isinstance(data, bytes) else b"".join(data), target)
         else:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as handle:
@@ -606,7 +610,8 @@ def new_patch(store: Store, config: Config, name: str, base_ref: str | None,
     else:
         targets = check_targets(config, nodes)
         base = resolve_base(store, config, base_ref)
-        manifest, blobs, source = base.manifest, [], "new"
+        manifest, source = base.manifest, "new"
+        blobs: list[bytes] = []
         if from_folder is not None:
             manifest, blobs = _folder_tree(store, config, base, from_folder, root)
             source = "folder"
@@ -643,9 +648,9 @@ def _folder_tree(store: Store, config: Config, base: Base, text: str,
             entries[path] = entry_for(path, kind, changed[path].mode, data)
             blobs.append(data)
     # Base files outside the tracked paths the folder stands for are kept as they are.
-    for path, entry in base.manifest.entries.items():
+    for path, kept in base.manifest.entries.items():
         if not _within(path, tree.tracked):
-            entries.setdefault(path, entry)
+            entries.setdefault(path, kept)
     return Manifest(entries), blobs
 
 
@@ -799,7 +804,7 @@ def _merge3(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str
     """Three-way merge of one file with `git merge-file`: (result, number of conflicts)."""
     with tempfile.TemporaryDirectory(prefix="snapver-merge-") as tmp:
         names = []
-        for label, data in zip(("ours", "base", "theirs"), (ours, base, theirs)):
+        for label, data in zip(("ours", "base", "theirs"), (ours, base, theirs), strict=False):
             path = os.path.join(tmp, label)
             with open(path, "wb") as handle:
                 handle.write(data)
@@ -872,7 +877,7 @@ def rebase_patch(store: Store, config: Config, name: str, onto_ref: str) -> Reba
                                            "the patch's version is checked out"))
                 changes[item.path] = (mine, None)  # the patch's side, as above
                 continue
-            merged, conflicts = _merge3(*datas, labels)
+            merged, conflicts = _merge3(datas[0], datas[1], datas[2], labels)
             mode = mine.mode if stat.S_IMODE(mine.mode) != stat.S_IMODE(old.mode) else new_base.mode
             entry = entry_for(item.path, FILE, mode, merged)
             changes[item.path] = (entry, merged)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError
@@ -33,7 +34,7 @@ class Live:
     mode: int
 
     @classmethod
-    def of(cls, state: list[Any] | None) -> "Live | None":
+    def of(cls, state: list[Any] | None) -> Live | None:
         return None if state is None else cls(state[0], state[1], state[2])
 
     def matches(self, entry: Entry | None, with_mode: bool) -> bool:
@@ -101,7 +102,7 @@ def within(path: str, tracked: Iterable[str]) -> bool:
     return any(path.startswith(root.strip("/") + "/") for root in tracked)
 
 
-def restore_steps(live: dict[str, Live | None], target: dict[str, Entry | None]) -> list[Step]:
+def restore_steps(live: Mapping[str, Live | None], target: dict[str, Entry | None]) -> list[Step]:
     """The steps that make ``live`` exactly ``target`` (content, kind, mode; absent = delete).
     A special file (FIFO, socket, device) is never created: such a target is left as it is."""
     steps = []

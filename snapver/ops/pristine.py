@@ -60,8 +60,9 @@ def snapshot_record(store: Store, transport: Transport, parent: str | None,
     reading them: rows another node of this pull sent from the same RECORDs (``made``, by
     source: a fleet installed from one wheel moves one RECORD, not one per node), or the
     rows of the ``parent`` snapshot, reused by id when made from the same RECORDs and
-    tracked paths (a hot-fix's pull neither moves nor parses the RECORD). Rows made afresh are described by the sha256 of the bytes parsed, not
-    of an earlier answer: a RECORD rewritten in between (pip at work) is never taken for
+    tracked paths (a hot-fix's pull neither moves nor parses the RECORD). Rows made afresh
+    are described by the sha256 of the bytes parsed, not of an earlier answer:
+    a RECORD rewritten in between (pip at work) is never taken for
     the one parsed.
     """
     info, spec = transport.info, transport.spec

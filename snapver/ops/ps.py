@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any
 
-from snapver.store import refs
 from snapver.config import NodeSpec
 from snapver.errors import SnapverError, TransportError
 from snapver.model import Manifest
+from snapver.store import refs
 from snapver.store.repo import Store
 from snapver.store.team import commit_moment
 from snapver.transport.base import Transport
@@ -156,7 +157,7 @@ def processes_of(transport: Transport, spec: NodeSpec, store: Store | None = Non
         raise TransportError(f"{spec.name}: malformed reply from the agent to ps: {exc!r}") from None
 
 
-def _process(row: dict[str, Any], modules: dict[str, tuple[int, str | None]], history: "_History | None",
+def _process(row: dict[str, Any], modules: dict[str, tuple[int, str | None]], history: _History | None,
              skew_ns: int) -> NodeProcess:
     """One listed process, its files judged by content when a snapshot covers its start."""
     started_ns = int(row["started_ns"])

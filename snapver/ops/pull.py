@@ -3,7 +3,7 @@ then start a background repack when enough raw bytes piled up."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from snapver.config import NodeSpec
 from snapver.ops.snapshot import NodePull, ProgressFn, PullResult, pull_locked

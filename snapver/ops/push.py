@@ -11,19 +11,20 @@ writes, health check, roll back on failure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver import interrupt
 from snapver.config import Config, NodeSpec, parse_waves
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
-from snapver.ops.patch import Patch, load_patch, unseen_versions
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
+from snapver.ops.patch import Patch, load_patch, unseen_versions
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.rollback import apply_rollback, plan_rollback
 from snapver.ops.run import NodeRun, Pauses, execute
@@ -96,7 +97,7 @@ class PushPlan:
         for node in self.nodes:
             node.close()
 
-    def __enter__(self) -> "PushPlan":
+    def __enter__(self) -> PushPlan:
         return self
 
     def __exit__(self, *exc: object) -> None:

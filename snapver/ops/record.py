@@ -15,9 +15,10 @@ import io
 import posixpath
 import re
 import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from snapver.errors import RemotePathError
 from snapver.model import DistInfo, is_safe_relpath
@@ -262,7 +263,7 @@ def hash_like_record(transport: Transport, entries: list[RecordEntry]) -> dict[s
     """Hash each entry's live file on the node with the algorithm its RECORD row names."""
     by_algo: dict[str, list[str]] = {}
     for entry in entries:
-        if entry.algo in hashlib.algorithms_guaranteed and entry.digest:
+        if entry.algo is not None and entry.algo in hashlib.algorithms_guaranteed and entry.digest:
             by_algo.setdefault(entry.algo, []).append(entry.path)
     hashes: dict[str, str | None] = {}
     for algo, paths in by_algo.items():
@@ -358,7 +359,7 @@ def record_hashes(record: dict[str, RecordEntry], live: Mapping[str, str | None]
     unknown: list[RecordEntry] = []
     for path, entry in record.items():
         oid = live.get(path)
-        if oid is None or entry.digest is None or entry.algo not in hashlib.algorithms_guaranteed:
+        if oid is None or entry.digest is None or entry.algo is None or entry.algo not in hashlib.algorithms_guaranteed:
             continue
         digest = digests.known(entry.algo).get(oid)
         if digest is not None:

@@ -8,17 +8,18 @@ repairs a push that was killed half-way. Same plan/apply path as push."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import ConflictError, RefError, SnapverError
 from snapver.model import Entry, Manifest
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, last_push, newest_record, write_records
-from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.live import list_live
+from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.plan import MAX_PARALLEL, Live, NodePlan, first_of, restore_steps, undo_steps, within
 from snapver.ops.run import NodeRun, Pauses, execute
 from snapver.ops.scope import commit_scope, left_out, maybe_excluded, node_scope, unrecorded_note
@@ -55,7 +56,7 @@ class RollbackPlan:
     def close(self) -> None:
         self.node.close()
 
-    def __enter__(self) -> "RollbackPlan":
+    def __enter__(self) -> RollbackPlan:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -135,7 +136,9 @@ def plan_rollback(store: Store, config: Config, node: str, to: str | None = None
     return plan
 
 
-def _outside_both_scopes(store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]) -> set[str]:
+def _outside_both_scopes(
+    store: Store, plan: RollbackPlan, to: str | None, live: dict[str, Live], wanted: dict[str, Entry | None]
+) -> set[str]:
     """The paths a restore must leave alone: outside what the snapshot observed (a file it
     only excluded is not a file it lacked) or what the node's config tracks now. The plan
     notes them, and says so when the snapshot does not record its scope."""

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver import interrupt
 from snapver.errors import Cancelled, SnapverError, StoreError
 from snapver.model import Entry
-from snapver.ops.ledger import Record, newest_record, write_records
 from snapver.ops.hooks import Hooks, hooks_again, run_health, run_hooks
+from snapver.ops.ledger import Record, newest_record, write_records
 from snapver.ops.nodeio import left_alone_error, open_node, undo_node, write_node
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan
 from snapver.ops.snapshot import pull_locked

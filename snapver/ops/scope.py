@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from snapver.config import DEFAULT_EXCLUDE, DEFAULT_PATHS, Config, NodeSpec
 from snapver.errors import SnapverError

@@ -14,18 +14,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Iterator
 
 import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
-from snapver.ops.live import (BY_PATH, keep_stat_keys_packed, load_stat_cache, load_stat_keys, newest_heads,
-                              save_stat_cache, save_stat_keys)
+from snapver.ops.live import (
+    BY_PATH,
+    keep_stat_keys_packed,
+    load_stat_cache,
+    load_stat_keys,
+    newest_heads,
+    save_stat_cache,
+    save_stat_keys,
+)
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
 from snapver.store.git import run_git

@@ -18,20 +18,27 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
-from snapver.ops.log import tags_by_commit
 from snapver.ops.ledger import newest_record
-from snapver.ops.ps import processes_of
 from snapver.ops.live import request_live
-from snapver.ops.record import (ContentDigests, RecordEntry, SharedRecords, compare_with_record, record_hashes,
-                                record_paths)
+from snapver.ops.log import tags_by_commit
+from snapver.ops.ps import processes_of
+from snapver.ops.record import (
+    ContentDigests,
+    RecordEntry,
+    SharedRecords,
+    compare_with_record,
+    record_hashes,
+    record_paths,
+)
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
 from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.store import refs
@@ -262,7 +269,9 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         digests = record_digests()["hashes"] if record_digests is not None else None
         _count_restarts(row.transport, spec, row, store)
         if snapshot_manifest is not None:
-            row.drift = [DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)]
+            row.drift = [
+                DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)
+            ]
         if not want_record:
             return
         if digests is None:
@@ -515,7 +524,7 @@ class MatrixRow:
         return None if UNKNOWN in self.letters else True
 
     def to_json(self, nodes: Sequence[str]) -> dict[str, Any]:
-        return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters)),
+        return {"path": self.path, "agrees": self.agrees, "nodes": dict(zip(nodes, self.letters, strict=False)),
                 "legend": {item.letter: item.to_json() for item in self.legend}}
 
 
@@ -588,9 +597,11 @@ def fleet_matrix(result: StatusResult, paths: Sequence[str] = ()) -> MatrixResul
         show_mode = len({(key[0], key[2]) for key in contents if key is not None}) > 1
         letters: dict[Any, str] = {}
         legend: list[LegendItem] = []
-        for node, entry in states:
-            key = _content(entry) if entry is not None else None
-            if entry is None or key in letters:
+        for _node, entry in states:
+            if entry is None:
+                continue
+            key = _content(entry)
+            if key in letters:
                 continue
             letter = letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else "*"
             legend.append(LegendItem(letter, _what(path, key, states, off), entry.oid, entry.mode, show_mode))

@@ -9,16 +9,17 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from snapver.config import Config
 from snapver.errors import SnapverError, UsageError
+from snapver.folders import tracked_paths
 from snapver.model import Entry, Manifest, is_safe_relpath
 from snapver.ops.live import list_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, owner_scope
-from snapver.folders import tracked_paths
 from snapver.refs import TreeRef
 from snapver.store.repo import Commit, Store
 from snapver.transport.base import Listing, Transport

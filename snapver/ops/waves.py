@@ -11,9 +11,10 @@ says which (``why``), for the caller to undo the finished waves by one rule.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from snapver import interrupt
 from snapver.config import parse_waves
@@ -162,7 +163,7 @@ def reconnect(plans: list[NodePlan]) -> dict[str, SnapverError]:
     if not plans:
         return {}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(plans))) as pool:
-        found = dict(zip((plan.node for plan in plans), pool.map(one, plans)))
+        found = dict(zip((plan.node for plan in plans), pool.map(one, plans), strict=False))
     return {node: error for node, error in found.items() if error is not None}
 
 

@@ -16,9 +16,9 @@ import os
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from snapver.errors import StoreError
 from snapver.store.lock import flock_within

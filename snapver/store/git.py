@@ -13,8 +13,9 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from snapver.errors import GitTimeoutError, StoreError, env_seconds
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, ZERO_OID, Manifest, is_git_id

@@ -6,9 +6,9 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from snapver.errors import StoreError, StoreLockedError, env_seconds
 

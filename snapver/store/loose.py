@@ -23,12 +23,19 @@ import stat
 import struct
 import threading
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Protocol
+from typing import BinaryIO, Protocol
 
 from snapver.errors import StoreError
-from snapver.store.pack import (STORED_BLOCK, TEMP_PREFIX, WRITEBACK_EVERY, ZLIB_HEADER, _read_only_mode,
-                                _start_writeback)
+from snapver.store.pack import (
+    STORED_BLOCK,
+    TEMP_PREFIX,
+    WRITEBACK_EVERY,
+    ZLIB_HEADER,
+    _read_only_mode,
+    _start_writeback,
+)
 
 
 class Digest(Protocol):

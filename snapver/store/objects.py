@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from snapver.model import quote_path
 from snapver.store.pack import BLOB_TYPE, TREE_TYPE, object_id

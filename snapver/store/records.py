@@ -10,8 +10,9 @@ A snapshot's, an import's and a push record's metadata are each made by one buil
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from snapver.model import Manifest, NodeInfo
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any
 
 from snapver.errors import StoreError
 from snapver.model import MANIFEST_PATH, Manifest, is_git_id
@@ -96,7 +97,7 @@ class Store:
 
     # -- creating and locking ------------------------------------------------------
     @classmethod
-    def create(cls, path: Path) -> "Store":
+    def create(cls, path: Path) -> Store:
         """Create an empty store (idempotent); never inside a folder that holds other things.
 
         The repository is made in a temporary sibling and renamed into place, so two
@@ -136,7 +137,7 @@ class Store:
         return cls(path)
 
     @classmethod
-    def open_or_create(cls, path: Path) -> "Store":
+    def open_or_create(cls, path: Path) -> Store:
         return cls(path) if (path / "HEAD").exists() else cls.create(path)
 
     def lock(self, wait: float | None = None) -> Any:
@@ -220,7 +221,7 @@ class Store:
                                  hint="run `snapver fsck`") from exc
         return data
 
-    def read_blobs(self, oids: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    def read_blobs(self, oids: Iterable[str]) -> Generator[tuple[str, bytes], None, None]:
         """Stream many objects' content in one ``cat-file --batch`` process."""
         wanted = list(dict.fromkeys(oids))
         if not wanted:

@@ -18,13 +18,14 @@ import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from itertools import repeat
 from importlib.util import MAGIC_NUMBER, cache_from_source, source_hash
+from itertools import repeat
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import Any, Protocol, cast
 
 from snapver import interrupt
 from snapver.config import NodeSpec
@@ -33,6 +34,7 @@ from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is
 from snapver.transport.agent import assemble
 from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
+
 
 class Transport(ABC):
     """What every transport offers the operations: one node's agent, however it is reached.
@@ -261,12 +263,26 @@ class StreamedFile:
 FileItem = tuple[str, str | None, bytes | StreamedFile]
 
 
+class AgentInput(Protocol):
+    """What is written to an agent: a pipe, or an SSH channel's writer."""
+
+    def write(self, data: bytes, /) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class AgentOutput(Protocol):
+    """What an agent's answers are read from."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
 @dataclass
 class RawChannel:
     """A started agent process: its stdin and stdout, and a way to end it."""
 
-    stdin: IO[bytes]
-    stdout: IO[bytes]
+    stdin: AgentInput
+    stdout: AgentOutput
     close: Any  # () -> str: ends the process, returns what it wrote on stderr
     # () -> None: end a session whose agent was told ``bye``, without waiting for it to exit
     # (over SSH that wait is a round trip; the agent exits at the bye, or at the EOF the
@@ -766,7 +782,8 @@ class AgentTransport(Transport):
         Each content is whole, a large file's too: for consumers of small files (RECORD, a
         diff's text); ``stream_files`` hands large files over in pieces."""
         reply = self.request("read", paths=paths, compress_level=compress_level)
-        return self._file_stream(reply, paths, compress_level, whole=True)
+        items = self._file_stream(reply, paths, compress_level, whole=True)
+        return cast(Iterator[tuple[str, str | None, bytes]], items)  # whole=True: every content is bytes
 
     def stream_files(self, paths: list[str], compress_level: int = 0) -> Iterator[FileItem]:
         """``read_files``, with each large file as a ``StreamedFile`` (read its pieces before
@@ -943,7 +960,7 @@ def _checked_rows(rows: Any) -> list[StatEntry]:
     if not rows or set(map(type, rows)) != {list} or set(map(len, rows)) != {9}:
         return [StatEntry(*_checked_row(row)) for row in rows]
     entries = list(map(StatEntry._make, rows))
-    paths, _kinds, modes, sizes, mtimes, ctimes, inodes, oids, targets = zip(*entries)
+    paths, _kinds, modes, sizes, mtimes, ctimes, inodes, oids, targets = zip(*entries, strict=False)
     blob_ids = [oid for oid in oids if oid is not None]
     if (set(map(type, paths)) == {str}
             and set(map(type, modes)) | set(map(type, sizes)) | set(map(type, mtimes)) | set(map(type, ctimes))

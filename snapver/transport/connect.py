@@ -122,7 +122,7 @@ class Starting:
         for transport in left:
             transport.close()
 
-    def __enter__(self) -> "Starting":
+    def __enter__(self) -> Starting:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -20,7 +20,8 @@ import re
 import secrets
 import shlex
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from snapver import interrupt
 from snapver.config import NodeSpec

@@ -7,7 +7,7 @@ which a container on this machine never needs.
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from snapver.transport.base import RawChannel
 from snapver.transport.container import ContainerTransport

@@ -18,7 +18,8 @@ import importlib.machinery
 import sys
 import threading
 import types
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _LOCK = threading.RLock()
 _REAL_LOADER = "__snapver_deferred_loader__"
@@ -38,7 +39,7 @@ class _DeferredModule(types.ModuleType):
                 finally:
                     del state[_LOADING]
                 del state[_REAL_LOADER]
-                self.__class__ = types.ModuleType
+                self.__class__ = types.ModuleType  # type: ignore[assignment]  # an ordinary module from now on
         return object.__getattribute__(self, name)
 
 

@@ -42,7 +42,7 @@ class EarlyConnection:
         try:
             # The address as bytes: a str is encoded with the "idna" codec first, whose
             # import (stringprep, unicodedata) was ~2 ms of every command's CPU.
-            sock = socket.create_connection((host.encode("ascii"), port), timeout=timeout)
+            sock = socket.create_connection((host.encode("ascii"), port), timeout=timeout)  # type: ignore[arg-type]  # socket takes bytes; typeshed says str
         except OSError as exc:
             error = exc
         with self._lock:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from snapver.config import NodeSpec
 from snapver.errors import TransportError
@@ -30,10 +31,11 @@ def spawn(node: str, argv: list[str]) -> RawChannel:
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         raise TransportError(f"{node}: cannot start the local agent: {exc}") from exc
-    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None and stdout is not None
 
     def close() -> str:
-        for pipe in (process.stdin, process.stdout):
+        for pipe in (stdin, stdout):
             try:
                 pipe.close()
             except OSError:
@@ -46,7 +48,7 @@ def spawn(node: str, argv: list[str]) -> RawChannel:
             stderr = b""
         return stderr.decode("utf-8", "replace")
 
-    return RawChannel(process.stdin, process.stdout, close, kill=process.kill)
+    return RawChannel(stdin, stdout, close, kill=process.kill)
 
 
 class LocalTransport(AgentTransport):

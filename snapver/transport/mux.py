@@ -210,7 +210,7 @@ class MuxTransport(AgentTransport):
             except OSError:
                 pass
 
-        return RawChannel(stdin, stream, close, kill=kill)  # type: ignore[arg-type]
+        return RawChannel(stdin, stream, close, kill=kill)
 
     def _disconnect(self) -> None:
         if self._direct is not None:

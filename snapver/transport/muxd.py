@@ -208,7 +208,7 @@ def serve(path: Path, idle_seconds: float) -> int:
         while not state.broken and connection.transport.is_active():
             try:
                 client, _ = server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 if state.idle_for() > idle_seconds:
                     break
                 continue

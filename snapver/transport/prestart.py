@@ -16,7 +16,8 @@ Imported by ``snapver.entry`` before anything else: it imports nothing until a p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from snapver.config import NodeSpec

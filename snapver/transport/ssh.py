@@ -63,7 +63,9 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     transport = paramiko.Transport(_tuned(sock), **kwargs)
     options = transport.get_security_options()
     offered = tuple(options.ciphers)
-    options.ciphers = tuple(c for c in FAST_CIPHERS if c in offered) + tuple(c for c in offered if c not in FAST_CIPHERS)
+    options.ciphers = tuple(c for c in FAST_CIPHERS if c in offered) + tuple(
+        c for c in offered if c not in FAST_CIPHERS
+    )
     return transport
 
 
@@ -312,7 +314,7 @@ class SshTransport(AgentTransport):
         except paramiko.AuthenticationException as exc:
             raise TransportError(f"{spec.name}: authentication failed for {spec.address}: {exc}",
                                  hint="check user and identity_file") from exc
-        except (socket.timeout, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise TransportError(f"{spec.name}: {spec.address} did not answer within "
                                  f"{spec.connect_timeout:g} s") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:

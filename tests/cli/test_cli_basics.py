@@ -14,10 +14,10 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import Result
 
 import snapver
@@ -401,8 +401,8 @@ def test_bad_config_is_exit_2_naming_file_and_key(run_snapver, case: str, comman
 
 # --------------------------------------------------------------------------- help: order, names, examples
 
-WORKFLOW = ["init", "nodes", "pull", "log", "show", "tag", "diff", "status", "verify", "patch", "push", "rollback", "ps",
-            "import", "sync", "fsck"]
+WORKFLOW = ["init", "nodes", "pull", "log", "show", "tag", "diff", "status", "verify", "patch", "push",
+            "rollback", "ps", "import", "sync", "fsck"]
 PATCH_COMMANDS = ["new", "save", "import", "capture", "list", "show", "export", "rebase", "delete"]
 
 

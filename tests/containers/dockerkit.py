@@ -15,9 +15,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 IMAGE = "snapver-test:bookworm"
 SUITE = "bookworm"

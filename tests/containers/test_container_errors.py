@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 import dockerkit
+import pytest
 
 
 def _refused(result, *words: str) -> str:

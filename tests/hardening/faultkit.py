@@ -45,7 +45,7 @@ def start_snapver(*args: str, env: dict[str, str] | None = None, **popen: object
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=snapver_env(env), **popen)
 
 
-def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> "Result":
+def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
     """``python -m snapver ARGS`` to completion, in a process of its own."""
     from helpers import Result
 
@@ -335,7 +335,7 @@ def hostile_python(folder: Path, payload: str) -> Path:
     return wrapper
 
 
-def cli(*args: str, env: dict[str, str] | None = None, **_ignored: object) -> "Result":
+def cli(*args: str, env: dict[str, str] | None = None, **_ignored: object) -> Result:
     """Run the snapver CLI in this process (``snapver.cli.main``): the same parsing, error
     mapping and exit codes as the command, without a second of interpreter start-up."""
     import io

@@ -19,8 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, hostile_python, kill_sessions_once, live_blob_ids,
-                      pack_bytes, snapshot_blob_ids, sshd_session_pids, start_snapver, wait_for)
+from faultkit import (
+    CuttingProxy,
+    all_refs,
+    assert_store_sound,
+    hostile_python,
+    kill_sessions_once,
+    live_blob_ids,
+    pack_bytes,
+    snapshot_blob_ids,
+    sshd_session_pids,
+    start_snapver,
+    wait_for,
+)
 
 SRT = "sglang/srt"
 MID_TRANSFER = 8 << 20  # bytes of the 32 MB in the store when the fault strikes
@@ -187,7 +198,7 @@ def test_file_rewritten_while_read(make_site_packages, local_node, write_config,
     # bursts of rewrites, then a pause in which a read can find the file settled. A process
     # of its own, ahead of the others (nice -10), that logs where it stalled.
     versions = [site.parent / "old", site.parent / "new"]
-    for version, data in zip(versions, (OLD, NEW)):
+    for version, data in zip(versions, (OLD, NEW), strict=False):
         version.write_bytes(data)
     writer = subprocess.Popen([sys.executable, "-c", REWRITER, str(hot), str(stop), str(stalls),
                                *map(str, versions)], preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, -10))

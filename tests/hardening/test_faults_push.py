@@ -19,8 +19,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from faultkit import (CuttingProxy, all_refs, assert_store_sound, kill_sessions_once, snapshot_blob_ids,
-                      run_process, sshd_session_pids, start_snapver, wait_for)
+from faultkit import (
+    CuttingProxy,
+    all_refs,
+    assert_store_sound,
+    kill_sessions_once,
+    run_process,
+    snapshot_blob_ids,
+    sshd_session_pids,
+    start_snapver,
+    wait_for,
+)
 
 SRT = "sglang/srt"
 A, BIG, Z = f"{SRT}/a.py", f"{SRT}/big.bin", f"{SRT}/z.py"

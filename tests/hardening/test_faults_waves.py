@@ -110,7 +110,9 @@ def test_a_session_killed_between_waves_is_opened_again(fleet, store, sshd):
             assert sessions, f"no session of {name} to kill"
             for pid in sessions:
                 os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not sshd_sessions_on(sshd.dir, sshd.addresses[name]), 10, f"{name}'s session to end")
+            wait_for(
+                lambda name=name: not sshd_sessions_on(sshd.dir, sshd.addresses[name]), 10, f"{name}'s session to end"
+            )
         return b"y\n"
 
     shown = run_in_terminal("--no-color", "push", "fix", "--waves", "1,100%",

@@ -106,7 +106,8 @@ LINES = st.sampled_from([
     "new file mode", "deleted file mode 100644", "deleted file mode zzz", "similarity index 90%",
     "rename from sglang/srt/a.py", "rename to sglang/srt/c.py", "rename to ../../etc/cron.d/x", "copy from /etc",
     "copy to sglang/srt/d.py", "index 0000000..1111111 100644", "index 12345..abcdef", "index zz..yy",
-    "GIT binary patch", "literal 3", "literal 99999999999", "literal 99999999999999999999999", "literal -5", "literal x", "literal", "delta 3", "zcmV-", "zcmZQzVP|",
+    "GIT binary patch", "literal 3", "literal 99999999999", "literal 99999999999999999999999", "literal -5",
+    "literal x", "literal", "delta 3", "zcmV-", "zcmZQzVP|",
     "Binary files a/x and b/x differ", "Only in x: y", "Subject: [PATCH] fix", "From abc Mon Sep 17", "-- ",
     "Ω", "\udcff", "\r", "two\r",
 ])

@@ -66,8 +66,13 @@ def test_no_secret_in_outputs_store_or_node(sshd, make_site_packages, ssh_node, 
         assert result.code == expect, str(result)
         outputs.append(result.out + result.err)
 
-    write_config({"ct200": ssh_node("ct200", site, python=str(spy)), "locked": ssh_node("ct129", site, identity_file=str(locked_key)),
-                  "fake": ssh_node("fleet00", site, identity_file=str(fake_key))})
+    write_config(
+        {
+            "ct200": ssh_node("ct200", site, python=str(spy)),
+            "locked": ssh_node("ct129", site, identity_file=str(locked_key)),
+            "fake": ssh_node("fleet00", site, identity_file=str(fake_key)),
+        }
+    )
     run("pull", "ct200", expect=0)
     run("pull", "--json", "ct200", expect=0)
     for args in (["nodes", "--check"], ["-v", "nodes", "--check"], ["-v", "pull", "--json", "--all"]):

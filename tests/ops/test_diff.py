@@ -21,9 +21,9 @@ from helpers import toml_dumps, tree_hashes
 from snapver_inproc import run_inproc
 
 from snapver.config import load_config
+from snapver.model import Change, Entry
 from snapver.ops.diff import diff, file_diff, split_lines
 from snapver.ops.pull import pull
-from snapver.model import Change, Entry
 from snapver.store.objects import blob_oid
 from snapver.store.repo import Store
 
@@ -432,7 +432,10 @@ def test_unreachable_node_exit_3(sshd, make_site_packages, tmp_path: Path) -> No
                                             "dead": dead}}))
     result = run_inproc("--config", config, "diff", "ct200", "dead")
     assert result.code == 3, result
-    assert result.err.startswith("snapver: error: dead (root@127.0.0.200:1): connection refused") and "Traceback" not in result.err
+    assert (
+        result.err.startswith("snapver: error: dead (root@127.0.0.200:1): connection refused")
+        and "Traceback" not in result.err
+    )
     assert len(result.err.strip().splitlines()) <= 2
 
 

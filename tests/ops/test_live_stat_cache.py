@@ -49,7 +49,7 @@ def _write_keys_file(store: Store, header: dict, text: str) -> None:
 def _cached_ids(store: Store) -> dict[str, str]:
     """``{path: blob id}`` as the stat cache holds them: its ids, in the keys file's order."""
     keys = parse_stat_keys(_keys_file(store)[1])
-    return dict(zip(keys, json.loads(stat_cache_path(store, "ct200").read_text())["oids"]))
+    return dict(zip(keys, json.loads(stat_cache_path(store, "ct200").read_text())["oids"], strict=False))
 
 
 def _forge_cached_id(store: Store, path: str, oid: str, time_shift: int = 0) -> None:
@@ -129,7 +129,7 @@ def test_an_unchanged_repull_keeps_the_cache_and_still_sees_the_next_edit(pulled
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "1 changed" in result.out, result
     assert cache_file.read_bytes() != kept
-    assert _cached_ids(store)["sglang/srt/m4.py"] != dict(zip(keys_before, json.loads(kept)["oids"]))[
+    assert _cached_ids(store)["sglang/srt/m4.py"] != dict(zip(keys_before, json.loads(kept)["oids"], strict=False))[
         "sglang/srt/m4.py"]
 
 
@@ -173,7 +173,7 @@ def _as_rows_without_keys(store: Store, now_ns: int) -> None:
     keys = parse_stat_keys(_keys_file(store)[1])
     cache_file = stat_cache_path(store, "ct200")
     cache = json.loads(cache_file.read_text())
-    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"], strict=False)}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": now_ns, "entries": rows}))
     stat_keys_path(store, "ct200").unlink()
 
@@ -213,7 +213,7 @@ def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) 
     written = keys_file.read_bytes()
     keys = parse_stat_keys(_keys_file(store)[1])
     cache = json.loads(cache_file.read_text())
-    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"], strict=False)}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
     keys_file.unlink()
     kept = cache_file.read_bytes()
@@ -288,7 +288,7 @@ def test_an_old_cache_relisted_leaves_keys_and_cache_of_one_listing(ssh_pulled) 
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
     keys = parse_stat_keys(_keys_file(store)[1])
     cache = json.loads(cache_file.read_text())
-    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"])}
+    rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"], strict=False)}
     cache_file.write_text(json.dumps({"commit": cache["commit"], "now_ns": cache["now_ns"], "entries": rows}))
     keys_file.unlink()
     site = Path(load_config(str(config)).node("ct200").site_packages)
@@ -313,7 +313,9 @@ def test_stat_keys_of_tricky_names_are_trusted_and_each_names_its_own_file(
     """The keys go to the node as "size mtime ctime ino mode path" records: names with
     spaces, newlines, tabs, non-ASCII or bytes that are not UTF-8 find their own record
     (nothing re-hashed), and an edit of any of them is still seen."""
-    site = make_site_packages("ct200", files={f"sglang/srt/{name}": f"v = {i}\n" for i, name in enumerate(TRICKY_NAMES)})
+    site = make_site_packages(
+        "ct200", files={f"sglang/srt/{name}": f"v = {i}\n" for i, name in enumerate(TRICKY_NAMES)}
+    )
     not_utf8 = os.fsencode(site / "sglang/srt") + b"/caf\xe9.py"
     with open(not_utf8, "wb") as handle:
         handle.write(b"latin = 1\n")

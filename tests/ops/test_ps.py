@@ -16,8 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from wheelkit import make_venv
@@ -54,8 +54,10 @@ class Node:
     def __init__(self, root: Path, system_site: bool = False) -> None:
         self.root = root
         if system_site:
-            subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / "venv")],
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / "venv")],
+                check=True,
+            )
             version = f"python{sys.version_info.major}.{sys.version_info.minor}"
             self.python, self.site = root / "venv" / "bin" / "python", root / "venv" / "lib" / version / "site-packages"
         else:

@@ -205,7 +205,9 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
         # Written by rename: a new inode; the template ("the uv cache") keeps the old content.
         assert os.stat(site / RUNNER).st_ino != os.stat(template / RUNNER).st_ino
         assert os.stat(site / RUNNER).st_nlink == 1
-        assert os.stat(site / "sglang/srt/server_args.py").st_ino == os.stat(template / "sglang/srt/server_args.py").st_ino
+        assert (
+            os.stat(site / "sglang/srt/server_args.py").st_ino == os.stat(template / "sglang/srt/server_args.py").st_ino
+        )
         assert not [p for p in site.rglob(".snapver-*")], "temporary files left behind"
     assert (template / RUNNER).read_bytes() == template_runner
 
@@ -219,7 +221,9 @@ def test_push_real_tree_over_ssh(sglang_site_template, write_config, ssh_node, r
         assert done["after"] == head and git(store, "rev-parse", head + "^").strip() == done["before"]
         after_tree = git_ls_tree(store, done["after"])
         assert sha(git_blob(store, after_tree[RUNNER][1])) == expected[RUNNER][2]
-        assert git_ls_tree(store, done["before"])[RUNNER][1] == git(store, "hash-object", str(template / RUNNER)).strip()
+        assert (
+            git_ls_tree(store, done["before"])[RUNNER][1] == git(store, "hash-object", str(template / RUNNER)).strip()
+        )
         assert done["files"]["write"] == [RUNNER, ADDED, UTILS] and done["files"]["delete"] == [GONE]
         # The after-snapshot takes the written files' digests from the patch, not the store.
         after = snapver_store.manifest(done["after"])

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from helpers import tree_hashes
@@ -232,7 +232,9 @@ def test_ps_flags_a_server_started_before_the_push_and_not_one_started_after(ven
     assert result.code == 0, result
     stale = [line for line in result.out.splitlines() if line.startswith(f"ct200: pid {old_pid} ")]
     assert len(stale) == 1 and f"{node.root}/venv/bin/python" in stale[0], result
-    assert stale[0].endswith("runs code older than this push: restart it") and re.search(r" started \d\d:\d\d", stale[0]), result
+    assert stale[0].endswith("runs code older than this push: restart it") and re.search(
+        r" started \d\d:\d\d", stale[0]
+    ), result
     assert wait_health(old_port) == "value 1"  # the old server still runs the old code
 
     status = run_snapver("status", "ct200", "--json")
@@ -480,7 +482,9 @@ def test_bad_wave_specs_exit_2_with_nothing_written(spec, venv_nodes, run_snapve
     result = run_snapver("push", "bump", "--yes", "--waves", spec)
     assert result.code == 2 and result.err.startswith("snapver: error: --waves: "), result
     assert {name: tree_hashes(node.site) for name, node in nodes.items()} == before
-    no_record = subprocess.run(["git", "--git-dir", str(store), "show-ref", "--verify", "-q", "refs/heads/pushes/ct200"])
+    no_record = subprocess.run(
+        ["git", "--git-dir", str(store), "show-ref", "--verify", "-q", "refs/heads/pushes/ct200"]
+    )
     assert no_record.returncode != 0  # no push record: nothing was started
 
 

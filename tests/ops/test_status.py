@@ -114,16 +114,25 @@ def test_status_table(fleet: dict) -> None:
     row = {line.split()[0]: line.rstrip()[:-1] for line in lines[1:4]}  # without the restart cell
     assert row["ct200"].split()[1] == "yes" and " 6 files " in row["ct200"]
     assert row["ct200"].rstrip().endswith("RECORD sglang 0.5.23  1 patched (fix-b), 3 hot-fixed")
-    assert row["ct129"].split()[1] == "yes" and row["ct129"].rstrip().endswith("none            RECORD sglang 0.5.23  pristine")
+    assert row["ct129"].split()[1] == "yes" and row["ct129"].rstrip().endswith(
+        "none            RECORD sglang 0.5.23  pristine"
+    )
     assert row["dead"].split()[1] == "no" and "none" in row["dead"]
     assert "ct200: 6 files changed since snapshot" in result.out
     for item in EXPECTED_DRIFT:
         label = "patch fix-b" if item["label"] == "patch" else item["label"]
         assert f"  {item['status']}  {item['path']}  {label}" in lines
     off = lines.index("ct200: 4 files not as RECORD sglang 0.5.23")
-    assert lines[off + 1:off + 5] == [f"  {i['status']}  {i['path']}  {'patch fix-b' if i['label'] == 'patch' else i['label']}"
-                                      for i in EXPECTED_DRIFT if i["label"] != "pristine"]
-    assert result.err.startswith("snapver: error: dead (root@") and "connection refused" in result.err and "Traceback" not in result.err
+    assert lines[off + 1 : off + 5] == [
+        f"  {i['status']}  {i['path']}  {'patch fix-b' if i['label'] == 'patch' else i['label']}"
+        for i in EXPECTED_DRIFT
+        if i["label"] != "pristine"
+    ]
+    assert (
+        result.err.startswith("snapver: error: dead (root@")
+        and "connection refused" in result.err
+        and "Traceback" not in result.err
+    )
     only_identical = run_inproc("--config", fleet["config"], "status", "ct129")
     assert only_identical.code == 0 and "pristine" in only_identical.out
 

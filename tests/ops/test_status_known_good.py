@@ -93,8 +93,15 @@ def test_record_hashes_kept_in_the_store_are_the_contents_sha256(one_node: dict)
     lines = (one_node["store"] / "snapver" / "digests-sha256").read_text().splitlines()
     assert len(lines) > 2000  # every tracked file RECORD lists, hashed once from the store
     kept = dict(line.split(" ") for line in lines)
-    sizes = dict(line.split(" ") for line in git(one_node["store"], "cat-file", "--batch-check=%(objectname) %(objectsize)",
-                                                 input="".join(f"{oid}\n" for oid in kept)).splitlines())
+    sizes = dict(
+        line.split(" ")
+        for line in git(
+            one_node["store"],
+            "cat-file",
+            "--batch-check=%(objectname) %(objectsize)",
+            input="".join(f"{oid}\n" for oid in kept),
+        ).splitlines()
+    )
     large = [oid for oid in kept if int(sizes[oid]) > 1 << 20]  # hashed in pieces, never whole
     assert len(large) >= 3  # the wheel's .so files (the largest: 24 MB)
     for oid in large + sorted(kept)[::250]:

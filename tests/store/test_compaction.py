@@ -62,7 +62,7 @@ def test_compaction_streams_big_blobs_in_bounded_memory(tmp_path: Path) -> None:
         oids = [importer.add_blob(first), importer.add_blob(second)]
     git = ["git", "--git-dir", str(store.path)]
     tree = subprocess.run([*git, "mktree"], input="".join(f"100644 blob {oid}\t{name}\n" for oid, name
-                                                          in zip(oids, ("a.so", "b.so"))),
+                                                          in zip(oids, ("a.so", "b.so"), strict=False)),
                           capture_output=True, text=True, check=True).stdout.strip()
     commit = subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", "-m", "t", tree],
                             capture_output=True, text=True, check=True).stdout.strip()
@@ -77,7 +77,7 @@ def test_compaction_streams_big_blobs_in_bounded_memory(tmp_path: Path) -> None:
     assert peak_mib < 64, f"the repack peaked at {peak_mib:.0f} MiB"
     fsck = subprocess.run([*git, "fsck", "--full"], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stderr
-    for oid, data in zip(oids, (first, second)):
+    for oid, data in zip(oids, (first, second), strict=False):
         assert hashlib.sha256(git_blob(store.path, oid)).digest() == hashlib.sha256(data).digest()
 
 

@@ -9,12 +9,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from helpers import git_blob
 
-from snapver.store.pack import (BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, _index_bytes, object_id,
-                                 stored_zlib)
 from snapver.store.objects import blob_oid
+from snapver.store.pack import BLOB_TYPE, TREE_TYPE, WRITEBACK_EVERY, PackWriter, _index_bytes, object_id, stored_zlib
 from snapver.store.repo import Store
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from snapver.model import DistInfo, Entry, Manifest, NodeInfo
-from snapver.store.records import (format_message, import_meta, moment_ns, parse_meta, push_record_meta,
-                                   snapshot_meta)
+from snapver.store.records import format_message, import_meta, moment_ns, parse_meta, push_record_meta, snapshot_meta
 
 WHEN = datetime(2025, 5, 22, 9, 30, 15, 123456, tzinfo=timezone.utc)
 MANIFEST = Manifest.of([Entry("sglang/srt/a.py", "file", 0o100644, 3, "d" * 64, "a" * 40),

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from helpers import toml_dumps
 from snapver_inproc import run_inproc
 

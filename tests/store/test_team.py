@@ -11,11 +11,11 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from helpers import Result, toml_dumps
 from snapver_inproc import run_inproc
 

@@ -1,5 +1,5 @@
-"""The agent's read_stable (one os.read() per file) and hash_stable (CHUNK pieces): the whole file whatever happened to it
-since it was listed (grown, shrunk, replaced), never a short or padded read."""
+"""The agent's read_stable (one os.read() per file) and hash_stable (CHUNK pieces): the whole file whatever
+happened to it since it was listed (grown, shrunk, replaced), never a short or padded read."""
 
 from __future__ import annotations
 

@@ -42,8 +42,8 @@ def probe(tmp_path: Path):
 
 
 def test_the_code_runs_when_a_name_is_first_read_and_once(probe: Path) -> None:
-    from snapver_deferred_probe import slow  # noqa: F401 - bound, not run
     import snapver_deferred_probe
+    from snapver_deferred_probe import slow  # noqa: F401 - bound, not run
 
     assert snapver_deferred_probe.runs == []
     assert slow.last == "last"  # the module's own `from . import sibling` worked
@@ -51,12 +51,12 @@ def test_the_code_runs_when_a_name_is_first_read_and_once(probe: Path) -> None:
     assert snapver_deferred_probe.runs == [1]
     assert type(slow).__name__ == "module"  # an ordinary module from then on
     with pytest.raises(AttributeError):
-        slow.missing
+        _ = slow.missing
 
 
 def test_a_second_thread_waits_for_the_whole_module(probe: Path) -> None:
-    from snapver_deferred_probe import slow
     import snapver_deferred_probe
+    from snapver_deferred_probe import slow
 
     seen: list[object] = []
 
@@ -76,13 +76,20 @@ def test_a_second_thread_waits_for_the_whole_module(probe: Path) -> None:
 
 
 def _python(code: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(deferred.__file__).parents[2])})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(deferred.__file__).parents[2])},
+    )
 
 
 def test_ssh_does_not_run_yaml_and_fabric_still_reads_its_yaml_config(tmp_path: Path) -> None:
-    checked = _python("import sys, snapver.transport.ssh; print(sorted(m for m in sys.modules if 'yaml' in m.split('.')[-1]))",
-                      tmp_path)
+    checked = _python(
+        "import sys, snapver.transport.ssh; print(sorted(m for m in sys.modules if 'yaml' in m.split('.')[-1]))",
+        tmp_path,
+    )
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.strip() == "['invoke.vendor.yaml']"  # bound, its code not run: no yaml.* submodule
 

@@ -37,7 +37,7 @@ def exclusion(patterns):
             return lambda text: None
         return re.compile("|".join(fnmatch.translate(glob) for glob in globs)).match
 
-    names, dir_names, paths, dir_paths = [], [], [], []
+    names, dir_names, paths, dir_paths = [], [], [], []  # type: list[str], list[str], list[str], list[str]
     for pattern in patterns:
         dir_only = pattern.endswith("/")
         glob = pattern[:-1] if dir_only else pattern
@@ -187,7 +187,7 @@ def op_list(channel, request):
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
     delta = bool(request.get("delta"))
-    records = None
+    records = None  # type: _Records | set[str] | None
     if request.get("cache_frame"):  # the cache follows as its JSON text, compressed as the client keeps it
         frame = channel.recv_frame()
         digest, count = request.get("records_digest"), request.get("records")

@@ -1,4 +1,5 @@
-"""Processes on the node: the commands it runs for hooks (``run``, ``health_url``) and the ones that run the tracked tree (``ps``)."""
+"""Processes on the node: the commands it runs for hooks (``run``, ``health_url``) and the
+ones that run the tracked tree (``ps``)."""
 
 import os
 import re
@@ -33,9 +34,11 @@ def op_run(channel, request):
     # it holding the pipe open for as long as it runs.
     import threading
 
-    pieces = []
+    pieces = []  # type: list[bytes]
+    stdout = process.stdout
+    assert stdout is not None  # stdout=PIPE
 
-    def pump(fd=process.stdout.fileno()):
+    def pump(fd=stdout.fileno()):
         try:
             for piece in iter(lambda: os.read(fd, 65536), b""):
                 pieces.append(piece)
@@ -114,7 +117,7 @@ def _uid_of(pid):
     return -1
 
 
-def _user_name(uid, names={}):
+def _user_name(uid, names={}):  # noqa: B006 - a cache kept across calls on purpose
     if uid not in names:
         try:
             import pwd
@@ -241,7 +244,7 @@ def _maps_of(pid):
 
 def _open_files(pid):
     """The paths a process has open (its fds that are files)."""
-    found = []
+    found = []  # type: list[str]
     try:
         names = os.listdir("/proc/%d/fd" % pid)
     except (PermissionError, FileNotFoundError):
@@ -422,7 +425,7 @@ def op_ps(channel, request):
     for row in found:
         files = _stale_by_ctime(row, site, modules)
         mapped = {}
-        for rel, (inode, deleted) in sorted(row["mapped"].items()):
+        for rel in sorted(row["mapped"]):
             mapped[rel] = {"replaced": any(item["path"] == rel and item["certain"] for item in files)}
         processes.append({"pid": row["pid"], "user": row["user"], "uid": row["uid"],
                           "command": mask_command(row["argv"]), "comm": row["comm"],

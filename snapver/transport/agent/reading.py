@@ -74,7 +74,7 @@ def _read_whole(fd, st):
     return data, len(data)
 
 
-_CHUNK_BUFFER = []
+_CHUNK_BUFFER = []  # type: list[memoryview]
 
 
 def _pieces(fd, size):
@@ -145,7 +145,9 @@ def _stream_file(where, head, emit, send_piece):
                     length += len(piece)
                     send_piece(piece)
             except OSError as exc:  # a read error half-way (EIO): end the record in step
-                emit(struct.pack(">IB", 0, Record.CHANGED) + head + _unreadable("%s: %s" % (where, exc.strerror or exc)))
+                emit(
+                    struct.pack(">IB", 0, Record.CHANGED) + head + _unreadable("%s: %s" % (where, exc.strerror or exc))
+                )
                 return
             same = _stable_key(os.fstat(fd)) == _stable_key(st) and length == st.st_size
             emit(struct.pack(">IB", 0, Record.SAME if same else Record.CHANGED))
@@ -161,7 +163,7 @@ def _unreadable(reason):
     return struct.pack(">BQ", Record.UNREADABLE, len(data)) + data
 
 
-def _pause_streaming(count=[0]):
+def _pause_streaming(count=[0]):  # noqa: B006 - a counter kept across calls on purpose
     """A test hook: with SNAPVER_TEST_STREAMED_HOOK=DIR, once the first piece of a streamed
     file is read (the rest not yet), write DIR/streamed-N and wait (at most 60 s) for
     DIR/go-N: a test changes the file in between."""
@@ -261,7 +263,7 @@ def op_hash(channel, request):
     path that is absent, a special file, or below a symlink."""
     site = site_packages_of(request.get("site_packages"))
     algo = request.get("algo", "sha256")
-    result = {}
+    result = {}  # type: dict[str, str | None]
     tree = Tree(site)
     try:
         for rel in request["paths"]:

@@ -15,7 +15,7 @@ from .writing import op_check, op_compile, op_write, op_write_done
 def find_dists(site, tracked_paths):
     """The ``*.dist-info`` folders whose distribution owns a tracked path's top package."""
     tops = set(path.split("/")[0] for path in tracked_paths)
-    found = []
+    found = []  # type: list[list[str]]
     try:
         names = sorted(os.listdir(site))
     except OSError:

@@ -61,7 +61,7 @@ def blake2b_256(data):
     try:
         from _blake2 import blake2b
     except ImportError:
-        blake2b = hashlib_module().blake2b
+        return hashlib_module().blake2b(data, digest_size=32)
     return blake2b(data, digest_size=32)
 
 

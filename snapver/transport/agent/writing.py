@@ -32,10 +32,10 @@ from .wire import Aborted, AgentError, blob_digest, blob_id, fs
 # too: uv hard-links a venv's files into a shared cache.
 
 LOCK_TIMEOUT = 60.0
-_WRITE_RESULT = {}
+_WRITE_RESULT = {}  # type: dict
 # Blob id of every file this agent wrote (by path): hashed again right after, to verify the
 # write and for the snapshot that follows, such a file need not settle (hash_stable).
-WROTE = {}
+WROTE = {}  # type: dict[str, str]
 
 
 class Target(object):
@@ -371,13 +371,13 @@ def op_write(channel, request):
     tracked = request["tracked"]
     partial = bool(request.get("partial"))
     result = {"written": {}, "deleted": {}, "bytecode_removed": [], "failure": None, "conflicts": {},
-              "skipped": {}, "aborted": False}
+              "skipped": {}, "aborted": False}  # type: dict
     _WRITE_RESULT.clear()
     _WRITE_RESULT.update(result)
     tree = Tree(site)
     held = []
     targets = []
-    made = []
+    made = []  # type: list[str]
     try:
         roots = _touched_roots(tree, [f[0] for f in request["files"]], tracked)
         held = lock_roots(tree, roots, float(request.get("lock_timeout") or LOCK_TIMEOUT))
