@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import struct
-import sys
 import threading
 import time
 import zlib
@@ -165,12 +164,13 @@ def _agent_bytecode() -> bytes:
 
 
 def _compiled_agent() -> bytes:
-    """The assembled agent compiled now, and cached for the next command unless this Python
-    writes no bytecode (``PYTHONDONTWRITEBYTECODE``, as the import system would)."""
+    """The assembled agent compiled now, and cached for the next command. The cache is
+    written whatever ``PYTHONDONTWRITEBYTECODE`` says: that governs the import system's
+    ``.pyc`` of modules (which ``pip install`` compiled already), and no install step makes
+    this one; without it every command would compile the agent again."""
     source = assemble()
     code = marshal.dumps(compile(source, "snapver-agent", "exec", dont_inherit=True))
-    if not sys.dont_write_bytecode:
-        _write_atomically(_bytecode_path(), MAGIC_NUMBER + _CHECKED_HASH + source_hash(source) + code)
+    _write_atomically(_bytecode_path(), MAGIC_NUMBER + _CHECKED_HASH + source_hash(source) + code)
     return code
 
 

@@ -58,7 +58,9 @@ def test_same_magic_runs_the_bytecode_and_anything_else_the_source(node_config: 
 def test_the_bytecode_is_the_fresh_pyc_of_the_agent_and_never_a_stale_one(tmp_path: Path, monkeypatch) -> None:
     cached = tmp_path / "__pycache__" / "snapver_agent.pyc"
     monkeypatch.setattr(base, "_bytecode_path", lambda: cached)
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    # Written even under PYTHONDONTWRITEBYTECODE: no install step makes it, and without it
+    # every command would compile the agent again.
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     base._compiled_agent()  # as the first command that connects makes it
     code = marshal.loads(base._agent_bytecode())
     assert code.co_filename == "snapver-agent" and "op_hello" in code.co_names
