@@ -14,7 +14,8 @@ import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,20 @@ def rewrite(path: Path, text: str) -> None:
     if path.exists():
         path.unlink()
     path.write_text(text)
+
+
+@contextmanager
+def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``8m``) mounted at ``mount_point`` (the suite runs as root),
+    unmounted afterwards whatever happened: a disk that fills up for real."""
+    import pytest
+
+    mount_point.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

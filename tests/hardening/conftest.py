@@ -9,7 +9,6 @@ to kill, a umask or a memory limit starts one (``faultkit.start_snapver``,
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+
+from helpers import tmpfs  # noqa: E402 - tests/ is on sys.path (tests/conftest.py)
 
 SRT = "sglang/srt"
 
@@ -64,14 +65,6 @@ def small_site(make_site_packages) -> Path:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 3 MB tmpfs (we are root); unmounted afterwards, whatever happened."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
-    try:
+    """A 3 MB tmpfs; unmounted afterwards, whatever happened."""
+    with tmpfs(tmp_path / "disk", "3m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)

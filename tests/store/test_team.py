@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Result, toml_dumps
+from helpers import Result, tmpfs, toml_dumps
 from snapver_inproc import run_inproc
 
 SRT = "sglang/srt"
@@ -647,17 +647,9 @@ def test_a_tag_forced_back_to_a_value_it_overruled_is_that_value_and_sync_says_w
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Any:
-    """An 8 MB tmpfs (the suite runs as root); unmounted afterwards, whatever happened."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {done.stderr}")
-    try:
+    """An 8 MB tmpfs; unmounted afterwards, whatever happened."""
+    with tmpfs(tmp_path / "disk", "8m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_sync_that_fills_the_disk_leaves_no_temporary_pack(tmp_path: Path, two_nodes: dict[str, Any],
