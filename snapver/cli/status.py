@@ -110,7 +110,7 @@ def render_status(result: Any) -> None:
                       f"`snapver ps {escape(row.node)}` names them")
         if row.unchecked and row.error is None:
             out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
-        for note in getattr(row, "not_compared", []):
+        for note in [*getattr(row, "not_compared", []), *getattr(row, "notes", [])]:
             out.print(f"{escape(row.node)}: {escape(note)}")
         if row.drift:
             count = len(row.drift)

@@ -136,6 +136,7 @@ class NodeStatus:
     restart_needed: int | None = None  # processes running older code (see ops/ps.py); None: not known
     restart_error: str | None = None  # why they could not be listed
     not_compared: list[str] = field(default_factory=list)  # notes: what the drift left out, and why
+    notes: list[str] = field(default_factory=list)  # facts about the node beside its files (said under the table)
     left_out: int = 0  # files outside the snapshot's scope or the node's: the tree is not all the snapshot's
     # working state, not reported
     live: Manifest | None = field(default=None, repr=False)
@@ -192,7 +193,7 @@ class NodeStatus:
                 "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None,
                 "restart_needed": self.restart_needed, "restart_error": self.restart_error,
-                "not_compared": self.not_compared,
+                "not_compared": self.not_compared, "notes": self.notes,
                 "exit_code": self.exit_code}
 
 
