@@ -66,11 +66,25 @@ start_dockerd() {
 
 start_dockerd
 
-PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[test]'
+# -- a Python of the suite's own ----------------------------------------------------------
+# The tests and their dependencies live in a venv beside the checkout (SNAPVER_TEST_VENV,
+# default .venv-test), never in the system's Python: its packages stay as they were.
+VENV="${SNAPVER_TEST_VENV:-.venv-test}"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  if ! python3 -m venv "$VENV" 2>/dev/null; then  # Debian's python3 needs python3-venv for ensurepip
+    rm -rf "$VENV"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q python3-venv
+    python3 -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q -e '.[test]'
 # The real setproctitle wheel that tests/ops/test_ps.py installs into a node's venv (no index
 # there): fetched from PyPI once into a cache beside the tests.
 ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
-  python3 -m pip download -q --only-binary :all: --no-deps -d .test-wheels setproctitle ||
+  "$PY" -m pip download -q --only-binary :all: --no-deps -d .test-wheels setproctitle ||
   echo "scripts/test.sh: could not download setproctitle (tests/ops/test_ps.py will try again)" >&2
 # Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
 # sshd, git and node agents, and these machines have two cores (10 min -> ~6 min).
@@ -78,9 +92,9 @@ ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
 # Not `exec`: the dockerd started above is stopped when pytest ends, and pytest's exit
 # code is this script's.
 # Lint and types first (config in pyproject.toml): any finding fails the run.
-python3 -m ruff check snapver tests bench
-python3 -m mypy
+"$PY" -m ruff check snapver tests bench
+"$PY" -m mypy
 status=0
-python3 -m pytest -q -n 2 --dist loadfile "$@" || status=$?
+"$PY" -m pytest -q -n 2 --dist loadfile "$@" || status=$?
 stop_dockerd
 exit "$status"
