@@ -78,3 +78,18 @@ def test_an_editable_checkout_is_found_and_held_against_its_head(editable_node, 
                                check=True, capture_output=True, text=True).stdout.split()
     assert checked["checked"] == len(committed) and checked["against"] == f"git {TAG} ({commit[:7]})", checked
     assert not marker.exists(), "finding the package imported it"
+
+
+def test_a_python_that_cannot_find_the_package_is_one_line_naming_why(ssh_node, write_config, run_snapver,
+                                                                       tmp_path: Path) -> None:
+    venv = tmp_path / "empty-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    node = ssh_node("ct200", "unused")
+    del node["site_packages"]
+    write_config({"ct200": {**node, "python": str(venv / "bin/python")}, "ct129": {**node, "host": "127.0.0.129"}})
+    result = run_snapver("status", "ct129")  # its python3 finds no sglang either: no guess is listed
+    assert result.code == 3 and "Traceback" not in result.err, result
+    assert "cannot find sglang (importlib.util.find_spec('sglang') is None)" in result.err, result
+    assert "set site_packages (or python)" in result.err, result
+    result = run_snapver("pull", "ct200")  # a python told: its own site-packages, as before
+    assert result.code == 3 and "empty-venv/lib" in result.err and "no such file" in result.err, result
