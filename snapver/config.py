@@ -378,11 +378,10 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
     if local and not in_container:  # a path on a node is the node's to read (its home, its working folder)
         merged = {**merged, "site_packages": _local_path(merged.get("site_packages"), folder),
                   "python": _local_path(merged.get("python"), folder, command=True)}
-    if not merged.get("site_packages") and not merged.get("python"):
-        if in_container:
-            raise fail(prefix.rstrip("."), "needs site_packages or python, as found inside the container "
-                       "(e.g. site_packages = \"/sgl-workspace/sglang/python\" for the official SGLang image)")
-        raise fail(prefix.rstrip("."), "needs site_packages or python")
+    # Without either, the node's own Python says where it imports the tracked package from
+    # (an editable checkout, a wheel); a folder of this machine has no Python of its own to ask.
+    if local and not in_container and not merged.get("site_packages") and not merged.get("python"):
+        raise fail(prefix.rstrip("."), "needs site_packages or python (a local node is a folder of this machine)")
     if not local and not merged.get("host"):
         raise fail(prefix + "host", "missing (or set local = true)")
     problem = host_problem(merged["host"]) if merged.get("host") else ""

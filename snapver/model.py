@@ -268,6 +268,28 @@ class DistInfo:
 
 
 @dataclass(frozen=True)
+class InstallInfo:
+    """How the tracked package is installed at the node's root (the agent's ``locate``)."""
+
+    how: str  # "wheel" | "editable" | "source"
+    root: str  # the folder holding the package: site-packages, or a checkout's python/
+    name: str = ""  # the distribution's name, or the package's without one
+    version: str = ""
+    url: str = ""  # an editable install's direct_url.json url
+    checkout: str = ""  # the folder whose .git is nearest above the root; "" when none
+    found_by: str = "config"  # "config" | "find_spec" | "purelib" (the Python's own, find_spec said nothing)
+    problem: str = ""  # why find_spec did not say
+
+    @property
+    def from_source(self) -> bool:
+        """An editable install or a source tree: no RECORD covers its files."""
+        return self.how in ("editable", "source")
+
+    def to_json(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """Facts a node reports about itself when the agent starts."""
 
@@ -276,6 +298,9 @@ class NodeInfo:
     python: str
     site_packages: str
     dists: tuple[DistInfo, ...] = ()
+    install: InstallInfo | None = None
 
     def dist_summary(self) -> str:
+        if not self.dists and self.install is not None and self.install.version:
+            return f"{self.install.name} {self.install.version}"
         return ", ".join(f"{d.name} {d.version}" for d in self.dists) or "-"

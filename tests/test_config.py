@@ -241,7 +241,7 @@ BAD_CONFIGS = [
     ("local-not-bool", {"n": {"local": "yes", "site_packages": "/sp"}}, None, None, "nodes.n.local", "true or false"),
     ("timeout-string", {"n": _node()}, None, {"connect_timeout": "10s"}, "defaults.connect_timeout", "seconds"),
     ("timeout-zero", {"n": _node(connect_timeout=0)}, None, None, "nodes.n.connect_timeout", "positive"),
-    ("no-site-packages", {"n": {"host": "h"}}, None, None, "nodes.n", "site_packages or python"),
+    ("local-without-site-packages", {"n": {"local": True}}, None, None, "nodes.n", "site_packages or python"),
     ("no-host", {"n": {"site_packages": "/sp"}}, None, None, "nodes.n.host", "missing"),
     ("bad-policy", {"n": _node(host_key_policy="yes")}, None, None, "nodes.n.host_key_policy", "accept-new"),
     ("absolute-path", {"n": _node(paths=["/etc"])}, None, None, "nodes.n.paths", "relative"),

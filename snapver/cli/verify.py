@@ -53,5 +53,6 @@ def verify(
         verdict = "[green]pristine[/green]" if result.clean else (
             f"[red]{len(result.modified)} modified, {len(result.missing)} missing, "
             f"{len(result.extra)} extra[/red]")
-        out.print(f"{name}: {result.checked} files checked against the RECORD of {against}: {verdict}")
+        against = show_path(result.against) if result.against else f"the RECORD of {against}"
+        out.print(f"{name}: {result.checked} files checked against {against}: {verdict}")
     return code

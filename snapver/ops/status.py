@@ -27,6 +27,7 @@ from typing import Any
 from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
+from snapver.ops.checkout import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
 from snapver.ops.ledger import newest_record
 from snapver.ops.live import request_live
 from snapver.ops.log import tags_by_commit
@@ -64,8 +65,8 @@ class KnownPatch:
 class KnownGood:
     """What a node's live tree is held against: its RECORD, or the tree ``--against`` names."""
 
-    kind: str  # "record" | "ref"
-    name: str  # "sglang 0.5.23", or the ref as typed
+    kind: str  # "record" | "ref" | "git" (an editable install's checkout at HEAD)
+    name: str  # "sglang 0.5.23", the ref as typed, or "git v0.5.23 (a1b2c3d)"
     commit: str | None = None
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
@@ -74,12 +75,14 @@ class KnownGood:
         """How tables name it: ``RECORD sglang 0.5.23``, ``may22 (1a2b3c4d5e)``."""
         if self.kind == "record":
             return f"RECORD {self.name}"
+        if self.kind == "git":
+            return self.name
         return f"{self.name} ({self.commit[:10]})" if self.commit else self.name
 
     @property
     def pristine(self) -> str:
         """What a file that is as known-good is called in the fleet matrix's legend."""
-        return f"pristine {self.name}" if self.kind == "record" else f"as {self.label}"
+        return f"pristine {self.name}" if self.kind in ("record", "git") else f"as {self.label}"
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "commit": self.commit}
@@ -143,6 +146,7 @@ class NodeStatus:
     transport: Transport | None = field(default=None, repr=False)
     record: dict[str, RecordEntry] | None = field(default=None, repr=False)
     record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
+    committed: CommittedTree | None = field(default=None, repr=False)  # an editable install's git HEAD
 
     @property
     def drifted(self) -> bool:
@@ -263,11 +267,13 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # Behind the listing: the RECORDs' sha256, which says whether another node sends the same.
         record_digests = (row.transport.request("hash", paths=record_paths(info.dists), algo="sha256")
                           if want_record and info.dists else None)
+        head = request_head(row.transport) if want_record and from_checkout(info) else None
         row.reachable = True
         row.dist = info.dist_summary()
         row.live = live_manifest(listing())
         row.files = len(row.live)
         digests = record_digests()["hashes"] if record_digests is not None else None
+        committed = head() if head is not None else None  # read in turn: replies come in order
         _count_restarts(row.transport, spec, row, store)
         if snapshot_manifest is not None:
             row.drift = [
@@ -275,6 +281,11 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             ]
         if not want_record:
             return
+        if isinstance(committed, CommittedTree):
+            row.committed = committed
+            return
+        if committed:
+            row.notes.append(fallback_note(committed))
         if digests is None:
             row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
                                                 f"{', '.join(spec.paths)} in {info.site_packages}")
@@ -355,7 +366,10 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
     try:
         row.patches = patch_states(patches, row.live)
         differing: list[tuple[str, str]] | None = None
-        if reference is None and (row.record is not None or row.record_differing is not None):
+        if reference is None and row.committed is not None:
+            row.known_good = KnownGood("git", row.committed.label, row.committed.commit)
+            differing = compare_with_commit(row.committed, row.live)
+        elif reference is None and (row.record is not None or row.record_differing is not None):
             assert row.transport is not None and row.transport.info is not None
             dists = row.transport.info.dists
             row.known_good = KnownGood("record", ", ".join(f"{d.name} {d.version}" for d in dists) or "RECORD")

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapver.config import NodeSpec
-from snapver.errors import SnapverError
+from snapver.errors import RemotePathError, SnapverError
+from snapver.ops.checkout import CommittedTree, compare_with_commit, from_checkout, request_head
 from snapver.ops.record import compare_with_record, hash_like_record, read_records
+from snapver.ops.trees import live_manifest
+from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport
 
 
@@ -32,6 +35,7 @@ class NodeVerify:
     leftovers: list[str] = field(default_factory=list)  # "name version (folder.dist-info)"
     leftover_files: list[str] = field(default_factory=list)  # only a leftover's RECORD lists them
     remove_leftovers: str | None = None  # the command that removes the leftover dist-infos
+    against: str = ""  # what the files were held against when not a RECORD: "git v0.5.23 (a1b2c3d)"
     error: SnapverError | None = None
 
     @property
@@ -48,7 +52,7 @@ class NodeVerify:
         return {"node": self.node, "dists": self.dists, "checked": self.checked, "modified": self.modified,
                 "missing": self.missing, "extra": self.extra, "unverifiable": self.unverifiable,
                 "leftovers": self.leftovers, "leftover_files": self.leftover_files,
-                "remove_leftovers": self.remove_leftovers,
+                "remove_leftovers": self.remove_leftovers, "against": self.against or None,
                 "error": str(self.error) if self.error else None, "exit_code": self.exit_code}
 
 
@@ -62,6 +66,9 @@ def verify_node(spec: NodeSpec) -> NodeVerify:
     result = NodeVerify(spec.name)
     try:
         with open_transport(spec) as transport:
+            if from_checkout(transport.info):
+                _verify_against_head(transport, result)
+                return result
             record, dists, leftovers, leftover_record = read_records(transport)
             result.dists = [f"{d.name} {d.version}" for d in dists]
             result.leftovers = [f"{d.name} {d.version} ({d.dist_info})" for d in leftovers]
@@ -79,3 +86,20 @@ def verify_node(spec: NodeSpec) -> NodeVerify:
     except SnapverError as exc:
         result.error = exc
     return result
+
+
+def _verify_against_head(transport: Transport, result: NodeVerify) -> None:
+    """An editable or source install in a git checkout: its live files against HEAD's blobs."""
+    spec = transport.spec
+    committed = request_head(transport)()
+    if not isinstance(committed, CommittedTree):
+        raise RemotePathError(f"{spec.name}: {committed}",
+                              hint="verify holds an editable install against its checkout's HEAD (git on the node), "
+                              "a wheel against its RECORD; `snapver status --against REF` compares with a snapshot")
+    differing = compare_with_commit(committed, live_manifest(transport.list_tree()))
+    result.against = committed.label
+    result.dists = [committed.label]
+    result.checked = len(committed.entries)
+    result.modified = [path for path, status in differing if status in ("M", "T")]
+    result.missing = [path for path, status in differing if status == "D"]
+    result.extra = [path for path, status in differing if status == "A"]

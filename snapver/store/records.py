@@ -59,6 +59,10 @@ def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: da
         "dists": [[d.name, d.version] for d in info.dists], "files": len(manifest),
         "changed": changed, "bytes": manifest.total_size(), **(event or {"event": "pull"}),
     }
+    install = info.install
+    if install is not None and install.from_source:  # no dist-info in the root: what the node's Python found
+        meta["install"] = install.to_json()
+        meta["dists"] = meta["dists"] or ([[install.name, install.version]] if install.version else [])
     if message:
         meta["message"] = message
     return meta

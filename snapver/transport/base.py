@@ -29,7 +29,7 @@ from typing import Any, Protocol, cast
 from snapver import interrupt
 from snapver.config import NodeSpec
 from snapver.errors import Cancelled, RemotePathError, TransportError
-from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
+from snapver.model import FILE, LINK, SPECIAL, DistInfo, InstallInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
 from snapver.transport.agent import assemble
 from snapver.transport.agent.wire import ABORT_FRAME, BIG_FILE, GREETING, MIN_PYTHON, SQUEEZE_OVER, SQUEEZED, Record
 from snapver.transport.chunks import ByteQueue
@@ -462,11 +462,23 @@ class AgentTransport(Transport):
                     python=_text(reply["python"]),
                     site_packages=_text(reply["site_packages"]),
                     dists=tuple(DistInfo(*map(_text, dist)) for dist in reply["dists"]),
+                    install=_install_of(reply.get("install")),
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise TransportError(f"{self.spec.name}: malformed reply from the agent to hello: {exc!r}") from None
             check_python_version(self.spec.name, self._info.python_version, self._info.python)
+            self._check_found(self._info)
         return self._info
+
+    def _check_found(self, info: NodeInfo) -> None:
+        """A node told neither site_packages nor python relies on its Python finding the
+        tracked package: one that cannot is an error naming why, not a guess."""
+        install = info.install
+        if self.spec.site_packages or self.spec.python or install is None or install.found_by != "purelib":
+            return
+        raise RemotePathError(f"{self.spec.name}: {install.problem or 'the tracked package was not found'}",
+                              hint="set site_packages (or python) for the node in .snapver, or install "
+                              f"{install.name or 'the package'} where the node's python3 imports it")
 
     @property
     def is_open(self) -> bool:
@@ -940,6 +952,14 @@ def _shortened(printed: bytes) -> str:
     if not text:  # only blanks or line ends: show them
         return repr(printed[:PRINTED_SHOWN])
     return repr(text if len(text) <= PRINTED_SHOWN else text[:PRINTED_SHOWN - 1] + "…")
+
+
+def _install_of(found: Any) -> InstallInfo | None:
+    """hello's ``install`` (an older agent's hello has none)."""
+    if not isinstance(found, dict):
+        return None
+    fields = {key: _text(found.get(key) or "") for key in InstallInfo.__dataclass_fields__}
+    return InstallInfo(**fields) if fields["how"] and fields["root"] else None
 
 
 def _text(value: Any) -> str:

@@ -382,7 +382,7 @@ def test_commands_need_a_store(fleet, run_snapver) -> None:
 BAD = {
     "unknown key": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\nhots = 'x'\n", "nodes.ct200.hots"),
     "wrong type": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\nport = '22'\n", "nodes.ct200.port"),
-    "no site_packages": ("[nodes.ct200]\nhost = 'h'\n", "nodes.ct200"),
+    "no site_packages": ("[nodes.ct200]\nlocal = true\n", "nodes.ct200"),  # a local folder node names its folder
     "group of ghosts": ("[nodes.ct200]\nhost = 'h'\nsite_packages = '/sp'\n[groups]\ntp8 = ['ct200', 'ct129']\n",
                         "groups.tp8"),
     "not TOML": ("[nodes.ct200\nhost = \n", "not valid TOML"),

@@ -6,9 +6,13 @@ import stat
 
 from .wire import AgentError
 
+# The root hello found by asking the node's Python (source.py ``locate``), for the
+# session's requests that name no site-packages.
+LOCATED = {}  # type: dict[str, str]
+
 
 def site_packages_of(requested):
-    site = requested
+    site = requested or LOCATED.get("root")
     if not site:
         import sysconfig  # only here: every import is start-up time on the node
 

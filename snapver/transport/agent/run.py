@@ -4,59 +4,25 @@ import gc
 import os
 import sys
 
-from .fsat import site_packages_of
 from .listing import op_list
 from .procs import ClientGone, op_health_url, op_ps, op_run
 from .reading import op_hash, op_read
+from .source import find_dists, locate, op_git_head
 from .wire import GREETING, PROTOCOL, AgentError, Channel
 from .writing import op_check, op_compile, op_write, op_write_done
 
 
-def find_dists(site, tracked_paths):
-    """The ``*.dist-info`` folders whose distribution owns a tracked path's top package."""
-    tops = set(path.split("/")[0] for path in tracked_paths)
-    found = []  # type: list[list[str]]
-    try:
-        names = sorted(os.listdir(site))
-    except OSError:
-        return found
-    for name in names:
-        if not name.endswith(".dist-info"):
-            continue
-        folder = os.path.join(site, name)
-        dist_name, _, version = name[: -len(".dist-info")].partition("-")
-        owns = dist_name.replace("-", "_").lower() in set(t.lower() for t in tops)
-        if not owns:
-            try:
-                with open(os.path.join(folder, "top_level.txt"), encoding="utf-8") as handle:
-                    owns = bool(tops & set(line.strip() for line in handle))
-            except OSError:
-                pass
-        if owns:
-            try:
-                with open(os.path.join(folder, "METADATA"), encoding="utf-8", errors="replace") as handle:
-                    for line in handle:
-                        if line.startswith("Name:"):
-                            dist_name = line[5:].strip()
-                        elif line.startswith("Version:"):
-                            version = line[8:].strip()
-                        elif not line.strip():
-                            break
-            except OSError:
-                pass
-            found.append([dist_name, version, name])
-    return found
-
-
 def op_hello(channel, request):
-    site = site_packages_of(request.get("site_packages"))
+    paths = request.get("paths") or []
+    site, install = locate(request.get("site_packages"), paths)
     channel.send({
         "protocol": PROTOCOL,
         "hostname": os.uname().nodename,  # what socket.gethostname() returns, without importing socket
         "python_version": "%d.%d.%d" % sys.version_info[:3],
         "python": sys.executable,
         "site_packages": site,
-        "dists": find_dists(site, request.get("paths") or []),
+        "dists": find_dists(site, paths),
+        "install": install,
         # How this agent was loaded: "bytecode" (the client's, same magic) or "source".
         "loaded": "bytecode" if globals().get("L") == 1 else "source",
     })
@@ -68,7 +34,7 @@ def op_ping(channel, request):
 
 OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
        "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run,
-       "compile": op_compile, "ps": op_ps, "health_url": op_health_url}
+       "compile": op_compile, "ps": op_ps, "health_url": op_health_url, "git_head": op_git_head}
 
 
 def serve(channel):
