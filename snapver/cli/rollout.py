@@ -62,8 +62,11 @@ def render_failed_units(result: PushResult) -> None:
     failed = result.failed_units
     if not failed or (len(failed) == 1 and not failed[0].serving and result.max_fail == 0):
         return  # one node failed, no budget: its own line said it all
-    within = len(failed) <= result.max_fail
-    how = (f"within the failure budget ({result.max_fail}): the push went on" if within else
-           f"more than the failure budget ({result.max_fail}) allows: the push stopped")
-    console(stderr=True).print(f"[red]failed[/red] ({len(failed)} unit(s), {how}): "
+    if not result.max_fail:
+        how = ""
+    elif len(failed) <= result.max_fail:
+        how = f", within the failure budget ({result.max_fail}): the push went on"
+    else:
+        how = f", more than the failure budget ({result.max_fail}) allows: the push stopped"
+    console(stderr=True).print(f"[red]failed[/red] ({len(failed)} unit(s){how}): "
                                f"{escape(', '.join(unit.label for unit in failed))}")

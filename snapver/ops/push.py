@@ -203,11 +203,17 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
 
 
 def _note_split_groups(units: list[Unit], nodes: list[NodePlan]) -> None:
-    """A serving group only some of whose nodes have something to write: the others are
-    neither written nor restarted with it; the plan says so."""
+    """A serving group with a node that cannot be planned (not written at all, with
+    --keep-going), or only some of whose nodes have something to write (the others are not
+    restarted with it): the plan says so."""
     by_name = {node.node: node for node in nodes}
     for unit in units:
-        idle = [name for name in unit.nodes if unit.serving and not by_name[name].writes]
+        unplanned = [name for name in unit.nodes if unit.serving and by_name[name].error is not None]
+        for name in unit.nodes if unplanned else ():
+            if name not in unplanned:
+                by_name[name].notes.append(f"not written: serving group {unit.name} is written whole, and "
+                                           f"{', '.join(unplanned)} cannot be planned")
+        idle = [name for name in unit.nodes if unit.serving and not unplanned and not by_name[name].writes]
         if idle and len(idle) < len(unit.nodes):
             for name in idle:
                 by_name[name].notes.append(f"nothing to write here, so it is not restarted with serving group "
