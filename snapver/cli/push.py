@@ -236,7 +236,7 @@ def push(
     with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
         if not json_out:
             _render_push_plan(plan, patch, dry_run)
-            render_units(plan, waves_spec, budget)
+            render_units(plan, waves_spec, budget, dry_run)
         if plan.nothing_to_do:
             if json_out:
                 emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": 0})

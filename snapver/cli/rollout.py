@@ -29,16 +29,17 @@ def busy_units(plan: PushPlan) -> str:
     return ", ".join(unit.label for unit in plan.units if busy & set(unit.nodes))
 
 
-def render_units(plan: PushPlan, waves: str | None, max_fail: str | None) -> None:
+def render_units(plan: PushPlan, waves: str | None, max_fail: str | None, dry_run: bool) -> None:
     """The rollout's waves by unit (a serving group is one unit, restarted in the order
-    shown), and the failure budget."""
+    shown), and the failure budget. Waves of single nodes are shown in a dry run only: a
+    real push says each wave as it starts."""
     from snapver.failbudget import allowed_failures
     from snapver.ops.units import unit_plans, wave_units
 
     busy = [node for node in plan.nodes if node.writes and node.error is None]
     serving = [unit for unit in plan.units if unit.serving and {n.node for n in busy} & set(unit.nodes)]
     out = console()
-    if waves is not None or serving:
+    if (waves is not None and dry_run) or serving:
         for index, wave in enumerate(wave_units(plan.units, busy, waves)):
             out.print(f"wave {index + 1}: {escape(', '.join(unit.label for unit in wave))}")
     for unit in serving:
