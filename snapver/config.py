@@ -120,6 +120,10 @@ class Config:
     nodes: dict[str, NodeSpec] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     waves: str | None = None  # [defaults] waves: how a push rolls out when --waves is not given
+    # [groups.NAME] serving = true: nodes that run one server together (config order), each
+    # pushed as one unit of a wave; every serving group is in ``groups`` as well.
+    serving: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    max_fail: str | None = None  # [defaults] max_fail: units a push may lose and go on (push --max-fail)
     # [ui] pager: True (the default: $SNAPVER_PAGER, $PAGER or less), False (never), or a command.
     pager: bool | str = True
     # [store] remote: where `snapver sync` shares the store (anything git can push to); a
@@ -292,7 +296,8 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
     defaults = dict(_table(data, "defaults", fail))
     for key in sorted(_NODE_ONLY_KEYS & set(defaults)):
         raise fail(f"defaults.{key}", "set per node ([nodes.NAME]), not in [defaults]")
-    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves"}, "defaults.", fail)
+    _check_keys(defaults, set(_NODE_KEYS) - _NODE_ONLY_KEYS | {"port", "waves", "max_fail"}, "defaults.", fail)
+    max_fail = _max_fail(defaults.pop("max_fail", None), fail)
     waves = defaults.pop("waves", None)  # the fleet's, not a node's
     if waves is not None:
         if not isinstance(waves, str):
@@ -318,14 +323,14 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
         nodes[name] = _node_spec(name, merged, prefix, fail, path.resolve().parent)
 
     groups: dict[str, tuple[str, ...]] = {}
-    for name, members in _table(data, "groups", fail).items():
+    serving: dict[str, tuple[str, ...]] = {}
+    for name, value in _table(data, "groups", fail).items():
         key = f"groups.{name}"
         if not valid_node_name(name):
             raise fail(key, f"a group name is letters, digits, '.', '_' or '-' (at most {MAX_NAME_LENGTH})")
-        if not isinstance(members, list) or not all(isinstance(m, str) for m in members) or not members:
-            raise fail(key, "expected a non-empty list of node names")
         if name in nodes:
             raise fail(key, f"a group cannot share its name with node {name!r}")
+        members, is_serving = _group_members(value, key, fail)
         members = _expand_members(members, nodes, key, fail)
         twice = sorted({m for m in members if members.count(m) > 1})
         if twice:
@@ -334,8 +339,52 @@ def parse_config(data: dict[str, Any], path: Path) -> Config:
             if member not in nodes:
                 raise fail(key, f"unknown node {member!r} (known: {', '.join(sorted(nodes))})")
         groups[name] = tuple(members)
+        if is_serving:
+            _check_serving_overlap(name, members, serving, fail)
+            serving[name] = tuple(members)
     return Config(path=path, store_path=store_path, nodes=nodes, groups=groups, waves=waves, pager=pager,
-                  remote=remote, sync=sync)
+                  remote=remote, sync=sync, serving=serving, max_fail=max_fail)
+
+
+def _max_fail(value: Any, fail: Any) -> str | None:
+    """``[defaults] max_fail`` (a number of units or "P%") as text, checked."""
+    if value is None:
+        return None
+    from snapver.failbudget import parse_max_fail
+
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise fail("defaults.max_fail", f'expected a number of units or a string such as "25%", got {value!r}')
+    try:
+        parse_max_fail(value)
+    except UsageError as exc:
+        raise fail("defaults.max_fail", exc.message.replace("--max-fail: ", "")) from None
+    return str(value).strip()
+
+
+def _group_members(value: Any, key: str, fail: Any) -> tuple[list[str], bool]:
+    """A group's members as written and whether it is a serving group: a list (``tp8 =
+    [...]``), or a table (``[groups.dsv3]``: ``nodes``, and ``serving`` true or false)."""
+    serving = False
+    if isinstance(value, dict):
+        _check_keys(value, {"nodes", "serving"}, key + ".", fail)
+        serving = value.get("serving", False)
+        if not isinstance(serving, bool):
+            raise fail(key + ".serving", f"expected true or false, got {serving!r}")
+        if "nodes" not in value:
+            raise fail(key + ".nodes", "missing (the group's nodes, e.g. nodes = [\"ct[210-211]\"])")
+        key, value = key + ".nodes", value["nodes"]
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value) or not value:
+        raise fail(key, "expected a non-empty list of node names")
+    return value, serving
+
+
+def _check_serving_overlap(name: str, members: list[str], serving: dict[str, tuple[str, ...]], fail: Any) -> None:
+    """A node runs one server: it may be in one serving group only."""
+    for other, others in serving.items():
+        shared = [m for m in members if m in others]
+        if shared:
+            raise fail(f"groups.{name}", f"node {shared[0]!r} is already in serving group {other!r} (a node runs "
+                       "one server: it belongs to one serving group)")
 
 
 def _remote_location(remote: str, config_path: Path) -> str:

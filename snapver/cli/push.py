@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
     from snapver.ops.run import NodeRun, Pauses
 
+MAX_FAIL_HELP = ("Units (a node, or a serving group) that may fail, each rolled back and named, while the push "
+                 "goes on: N, or P% of the units rounded down (default: the config's max_fail, else 0: the first "
+                 "failure stops the push and rolls back what it wrote). The failure beyond it stops the push.")
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
 
 
@@ -98,8 +101,8 @@ def render_stale(stale: list, action: str) -> None:
             err.print(f"[yellow]warning[/yellow]: {escape(note)}")
 
 
-def _render_wave(index: int, runs: list) -> None:
-    console().print(f"wave {index + 1}: {escape(', '.join(run.node for run in runs))}")
+def _render_wave(index: int, runs: list, title: str | None = None) -> None:
+    console().print(f"wave {index + 1}: {escape(title or ', '.join(run.node for run in runs))}")
     for run in runs:
         render_run(run)
 
@@ -187,7 +190,9 @@ def push(
     allow_broken: bool = typer.Option(False, "--allow-broken", help="Push files with conflict markers or that "
                                       "do not compile under the node's Python (recorded)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Do not roll back the other nodes (nor the "
-                                    "finished waves) when one fails."),
+                                    "finished waves) when one fails: the units of its wave go on (--max-fail still "
+                                    "decides whether the next wave starts)."),
+    max_fail: str | None = typer.Option(None, "--max-fail", metavar="N|P%", help=MAX_FAIL_HELP),
     health: str | None = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
     health_timeout: float | None = typer.Option(None, "--health-timeout", min=1,
@@ -218,17 +223,20 @@ def push(
       snapver push fix-attn tp8 --health "python -c 'import sglang'"
       snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
+    from snapver.cli.rollout import busy_units, push_budget, render_units, wave_title
     from snapver.ops.hooks import hooks_for
     from snapver.ops.ps import stale_after_write
     from snapver.ops.push import apply_push, apply_push_waves, plan_push, push_waves
 
     config = STATE.config()
+    budget = push_budget(config, max_fail)
     waves_spec = push_waves(config, waves, rollback_all)
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
         if not json_out:
             _render_push_plan(plan, patch, dry_run)
+            render_units(plan, waves_spec, budget, dry_run)
         if plan.nothing_to_do:
             if json_out:
                 emit_json({**plan.to_json(), "dry_run": dry_run, "results": [], "exit_code": 0})
@@ -245,8 +253,7 @@ def push(
                 out.print("dry run: nothing written")
             return 0
         writes = sum(len(n.writes) for n in plan.nodes)
-        busy = [n.node for n in plan.nodes if n.writes]
-        if not confirm(yes, f"write {writes} file(s) on {', '.join(busy)}?"):
+        if not confirm(yes, f"write {writes} file(s) on {busy_units(plan)}?"):
             console(stderr=True).print("snapver: nothing written")
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
@@ -254,10 +261,13 @@ def push(
         if waves_spec is not None:
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
                                       between=lambda index, names: _between_waves(index, names, pause, yes),
-                                      on_wave=None if json_out else _render_wave,
-                                      roll_back_finished=True if rollback_all else None, pauses=_test_pauses())
+                                      on_wave=None if json_out else
+                                      lambda index, runs: _render_wave(index, runs, wave_title(plan, runs)),
+                                      roll_back_finished=True if rollback_all else None, pauses=_test_pauses(),
+                                      max_fail=budget)
         else:
-            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses())
+            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses(),
+                                max_fail=budget)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes, store)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
@@ -280,6 +290,8 @@ def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
 
 
 def _render_push_result(result: PushResult, stale: list, in_waves: bool) -> None:
+    from snapver.cli.rollout import render_failed_units
+
     if in_waves:
         _render_waves_end(result)
     else:
@@ -287,6 +299,7 @@ def _render_push_result(result: PushResult, stale: list, in_waves: bool) -> None
             render_run(run)
         if result.exit_code:
             render_patched(result)
+    render_failed_units(result)
     render_stale(stale, "push")
 
 

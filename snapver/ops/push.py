@@ -19,6 +19,7 @@ from typing import Any
 from snapver import interrupt
 from snapver.config import Config, NodeSpec, parse_waves
 from snapver.errors import ConflictError, RemoteError, SnapverError, UsageError
+from snapver.failbudget import allowed_failures
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.hooks import Hooks
@@ -27,7 +28,8 @@ from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.patch import Patch, load_patch, unseen_versions
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.rollback import apply_rollback, plan_rollback
-from snapver.ops.run import NodeRun, Pauses, execute
+from snapver.ops.run import NodeRun, Pauses
+from snapver.ops.units import Rollout, Unit, check_whole_groups, failed_units, plan_units, unit_plans
 from snapver.ops.waves import FAILED, INTERRUPTED, run_waves
 from snapver.store.repo import Store
 from snapver.store.team import AUTO_SYNC_TIMEOUT, remote_versions_unseen
@@ -50,6 +52,7 @@ class PushPlan:
     force: bool = False
     broken: list[BrokenFile] = field(default_factory=list)  # files that would land broken
     allow_broken: bool = False
+    units: list[Unit] = field(default_factory=list)  # what waves count: serving groups whole, other nodes alone
 
     @property
     def refused_broken(self) -> bool:
@@ -106,7 +109,7 @@ class PushPlan:
     def to_json(self) -> dict[str, Any]:
         return {"patch": self.patch.name, "commit": self.patch.commit, "base": self.patch.base,
                 "force": self.force, "nothing_to_do": self.nothing_to_do, "allow_broken": self.allow_broken,
-                "broken": [b.to_json() for b in self.broken],
+                "broken": [b.to_json() for b in self.broken], "units": [u.to_json() for u in self.units],
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
@@ -180,8 +183,10 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
     if not names and not all_nodes:
         raise UsageError(f"patch {name!r} names no target nodes", hint=f"say where: `snapver push {name} NODE...`")
     specs = config.select(names, all_nodes)
+    check_whole_groups(config, [spec.name for spec in specs], name)
+    units = plan_units(config, [spec.name for spec in specs])
     if not patch.files:
-        return PushPlan(patch, [NodePlan(spec) for spec in specs], force)
+        return PushPlan(patch, [NodePlan(spec) for spec in specs], force, units=units)
     broken, python_sources = _landing_content(store, patch)
     found: dict[str, list[BrokenFile]] = {spec.name: [] for spec in specs}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(specs))) as pool:
@@ -193,7 +198,26 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
             node.notes.append(f"an interrupted {prior.action} ({prior.patch or 'rollback'}, "
                               f"{prior.time:%Y-%m-%d %H:%M}) left this node part-written; "
                               f"`snapver rollback {node.node}` restores {str(prior.restore)[:10]}")
-    return PushPlan(patch, nodes, force, broken, allow_broken)
+    _note_split_groups(units, nodes)
+    return PushPlan(patch, nodes, force, broken, allow_broken, units)
+
+
+def _note_split_groups(units: list[Unit], nodes: list[NodePlan]) -> None:
+    """A serving group with a node that cannot be planned (not written at all, with
+    --keep-going), or only some of whose nodes have something to write (the others are not
+    restarted with it): the plan says so."""
+    by_name = {node.node: node for node in nodes}
+    for unit in units:
+        unplanned = [name for name in unit.nodes if unit.serving and by_name[name].error is not None]
+        for name in unit.nodes if unplanned else ():
+            if name not in unplanned:
+                by_name[name].notes.append(f"not written: serving group {unit.name} is written whole, and "
+                                           f"{', '.join(unplanned)} cannot be planned")
+        idle = [name for name in unit.nodes if unit.serving and not unplanned and not by_name[name].writes]
+        if idle and len(idle) < len(unit.nodes):
+            for name in idle:
+                by_name[name].notes.append(f"nothing to write here, so it is not restarted with serving group "
+                                           f"{unit.name} (its other nodes are)")
 
 
 def _landing_content(store: Store, patch: Patch) -> tuple[list[BrokenFile], dict[str, bytes]]:
@@ -218,6 +242,12 @@ def _landing_content(store: Store, patch: Patch) -> tuple[list[BrokenFile], dict
 class PushResult:
     plan: PushPlan
     nodes: list[NodeRun] = field(default_factory=list)
+    max_fail: int = 0  # the units that could fail, each rolled back, while the push went on
+
+    @property
+    def failed_units(self) -> list[Unit]:
+        """The units with a node that failed (each rolled back, unless its undo failed)."""
+        return failed_units(self.plan.units, self.nodes)
 
     @property
     def exit_code(self) -> int:
@@ -232,16 +262,20 @@ class PushResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.plan.to_json(), "results": [n.to_json() for n in self.nodes], "patched": self.patched,
+                "max_fail": self.max_fail, "failed_units": [u.to_json() for u in self.failed_units],
                 "exit_code": self.exit_code}
 
 
 def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_timeout: float = 300.0,
                keep_going: bool = False, on_node: Callable[[NodeRun], None] | None = None,
-               hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None) -> PushResult:
-    """Write the plan (see ``ops/run.execute``). Refuses a plan with conflicts (unless it
-    was made with ``force``) or with unreachable nodes (unless ``keep_going``). ``hooks``:
-    per node, restart and health checks after writing (see ``ops/hooks.hooks_for``);
-    ``pauses``: where to hold the writes (``ops/run.Pauses``)."""
+               hooks: dict[str, Hooks] | None = None, pauses: Pauses | None = None,
+               max_fail: str | None = None) -> PushResult:
+    """Write the plan (see ``ops/run.execute``), by units (``ops/units``). Refuses a plan
+    with conflicts (unless it was made with ``force``) or with unreachable nodes (unless
+    ``keep_going``). ``hooks``: per node, restart and health checks after writing (see
+    ``ops/hooks.hooks_for``); ``pauses``: where to hold the writes (``ops/run.Pauses``);
+    ``max_fail``: the failure budget (``N`` or ``P%`` of the units): a failed unit within
+    it is rolled back and the others go on."""
     refusal = plan.refusal(keep_going)
     if refusal is not None:
         raise refusal
@@ -251,10 +285,22 @@ def apply_push(store: Store, plan: PushPlan, health: str | None = None, health_t
                                                      **_broken_meta(plan),
                                                      **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}}
                                                         if hooks else {})})
-    ready = [n for n in plan.nodes if n.error is None]
-    runs = execute(store, ready, record, health, health_timeout, keep_going, on_node=on_node, hooks=hooks,
-                   pauses=pauses)
-    return PushResult(plan, runs)
+    ready = _ready(plan)
+    rollout = Rollout(plan.units, allowed_failures(max_fail, len(unit_plans(plan.units, ready))))
+    runs = rollout.execute(store, ready, record, keep_going=keep_going, hooks=hooks, pauses=pauses, health=health,
+                           health_timeout=health_timeout)
+    for run in runs:
+        if on_node:
+            on_node(run)
+    return PushResult(plan, runs, rollout.budget)
+
+
+def _ready(plan: PushPlan) -> list[NodePlan]:
+    """The nodes to write: planned, with writes, and not in a serving group with a node that
+    could not be planned (pushed only with --keep-going: a group is written whole or not)."""
+    unplanned = {n.node for n in plan.nodes if n.error is not None}
+    broken = {node for unit in plan.units if unit.serving and unplanned & set(unit.nodes) for node in unit.nodes}
+    return [n for n in plan.nodes if n.error is None and n.writes and n.node not in broken]
 
 
 def _broken_meta(plan: PushPlan) -> dict[str, Any]:
@@ -300,7 +346,8 @@ class WavesResult(PushResult):
 def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, hooks: dict[str, Hooks] | None = None,
                      keep_going: bool = False, between: Callable[[int, list[str]], bool] | None = None,
                      on_wave: Callable[[int, list[NodeRun]], None] | None = None,
-                     roll_back_finished: bool | None = None, pauses: Pauses | None = None) -> WavesResult:
+                     roll_back_finished: bool | None = None, pauses: Pauses | None = None,
+                     max_fail: str | None = None) -> WavesResult:
     """Write the plan wave by wave (see ``ops/waves.run_waves``): each wave is written,
     restarted and health-checked (``execute``) before the next begins. A failed node
     rolls back its wave and the waves that finished before it, unless ``keep_going``
@@ -310,7 +357,8 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     (in a wave, or the pause before one) end the push by the same rule. ``roll_back_finished``
     overrides whether the finished waves are rolled back (None: unless ``keep_going``).
     ``between(next_wave_index, its nodes)`` may stop the push between waves (False): no
-    node failed, so the finished waves stay patched."""
+    node failed, so the finished waves stay patched. Waves count units (``ops/units``);
+    ``max_fail``: the failure budget, failed units within it rolled back and the push goes on."""
     refusal = plan.refusal(keep_going)
     if refusal is not None:
         raise refusal
@@ -318,11 +366,14 @@ def apply_push_waves(store: Store, config: Config, plan: PushPlan, spec: str, ho
     record = Record("push", f"push {patch.name}", {
         "patch": patch.name, "patch_commit": patch.commit, "base": patch.base, "health": None, "force": plan.force,
         **_broken_meta(plan), **({"hooks": {n: h.to_json() for n, h in hooks.items() if h}} if hooks else {})})
-    ready = [n for n in plan.nodes if n.error is None and n.writes]
+    ready = _ready(plan)
+    units = unit_plans(plan.units, ready)
+    rollout = Rollout(plan.units, allowed_failures(max_fail, len(units)))
     outcome = run_waves(store, ready, spec, record,
-                        lambda wave: execute(store, wave, record, keep_going=keep_going, hooks=hooks, pauses=pauses),
-                        between, on_wave)
-    result = WavesResult(plan, outcome.runs, outcome.waves, outcome.finished, spec, why=outcome.why)
+                        lambda wave: rollout.execute(store, wave, record, keep_going=keep_going, hooks=hooks,
+                                                     pauses=pauses),
+                        between, on_wave, units=units, tolerate=rollout.tolerates)
+    result = WavesResult(plan, outcome.runs, rollout.budget, outcome.waves, outcome.finished, spec, why=outcome.why)
     if roll_back_finished is None:
         roll_back_finished = not keep_going
     if outcome.why in (FAILED, INTERRUPTED) and roll_back_finished:

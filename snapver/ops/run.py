@@ -9,6 +9,7 @@ mark each record with its final state.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -192,7 +193,7 @@ class Execution:
         """Apply the plans in parallel; after a failure (unless ``keep_going``) or an
         interrupt, undo the nodes written; then snapshot the nodes touched."""
         with interrupt.deferred(), ThreadPoolExecutor(min(MAX_PARALLEL, len(self.plans))) as pool:
-            futures = {pool.submit(self.apply, plan): plan for plan in self.plans}
+            futures = {pool.submit(task): plans for task, plans in self.tasks()}
             try:
                 while wait(futures, timeout=0.2).not_done:
                     pass
@@ -202,8 +203,20 @@ class Execution:
             if self.interrupted or (self.stop.is_set() and not self.keep_going):
                 again = [p for p in self.plans if p.node not in self.undone and (
                     self.runs[p.node].state == "done" or (self.interrupted and self.runs[p.node].state == "failed"))]
-                list(pool.map(self.undo, again))
+                self.undo_all(pool, again)
             return self.snapshot_after()
+
+    def tasks(self) -> list[tuple[Callable[[], None], list[NodePlan]]]:
+        """What the pool runs, and the plans each task writes: here one ``apply`` per plan."""
+        return [(functools.partial(self.apply, plan), [plan]) for plan in self.plans]
+
+    def node_failed(self, plan: NodePlan) -> None:
+        """A node failed: the nodes not yet started stop (unless ``keep_going``)."""
+        self.stop.set()
+
+    def undo_all(self, pool: ThreadPoolExecutor, plans: list[NodePlan]) -> None:
+        """Undo ``plans`` after a failure or an interrupt, in parallel."""
+        list(pool.map(self.undo, plans))
 
     def apply(self, plan: NodePlan) -> None:
         """Write one node, then its health check and hooks; a failure undoes it (``undo_failed``)."""
@@ -232,7 +245,7 @@ class Execution:
             run.error, run.state = exc, "cancelled"  # stopped while sending: nothing committed there
         except SnapverError as exc:
             run.error, run.state = exc, "failed"
-            self.stop.set()
+            self.node_failed(plan)
             if self.undo_failed and not interrupt.requested():
                 self.undo(plan)
         finally:
@@ -260,11 +273,11 @@ class Execution:
         if node_hooks and node_hooks.restart and run.hooks_started and not interrupt.requested():
             run.recovery_error = hooks_again(plan, node_hooks, run.recovery_log)
 
-    def stop_in_order(self, futures: dict[Future[None], NodePlan]) -> None:
+    def stop_in_order(self, futures: dict[Future[None], list[NodePlan]]) -> None:
         """After an interrupt: nodes still sending stop by themselves at their next piece; any
         still busy a moment later (waiting for a reply) have their connection cut."""
         if wait(futures, timeout=interrupt.GRACE).not_done:
-            busy = [futures[f] for f in futures if not f.done()]
+            busy = [plan for f in futures if not f.done() for plan in futures[f]]
             interrupt.cut_all([plan.transport for plan in busy if plan.transport is not None])
             wait(futures, timeout=10)
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from snapver import interrupt
 from snapver.config import parse_waves
@@ -31,12 +31,15 @@ __all__ = ["WavesOutcome", "split_waves", "run_waves", "FAILED", "INTERRUPTED", 
 # Why a rollout stopped: a node failed (or a wave could not start), an interrupt, a "no" between waves.
 FAILED, INTERRUPTED, DECLINED = "failed", "interrupted", "declined"
 
+Item = TypeVar("Item")
 
-def split_waves(nodes: list[NodePlan], steps: list[tuple[float, bool]]) -> list[list[NodePlan]]:
-    """The nodes of each wave, in order: wave k holds the nodes up to its cumulative size
+
+def split_waves(nodes: list[Item], steps: list[tuple[float, bool]]) -> list[list[Item]]:
+    """The nodes (or units) of each wave, in order: wave k holds the nodes up to its cumulative size
     (a percentage rounded up); sizes that add no node are dropped, and whatever the last
     size leaves out forms a last wave (a rollout never stops short by its spec)."""
-    total, waves, done = len(nodes), [], 0
+    total, done = len(nodes), 0
+    waves: list[list[Item]] = []
     for value, percent in steps:
         upto = min(total, math.ceil(total * value / 100) if percent else int(value))
         if upto < done:
@@ -74,7 +77,9 @@ class WavesOutcome:
 def run_waves(store: Store, nodes: list[NodePlan], spec: str, record: Record,
               run_wave: Callable[[list[NodePlan]], list[NodeRun]],
               between: Callable[[int, list[str]], bool] | None = None,
-              on_wave: Callable[[int, list[NodeRun]], None] | None = None) -> WavesOutcome:
+              on_wave: Callable[[int, list[NodeRun]], None] | None = None,
+              units: list[list[NodePlan]] | None = None,
+              tolerate: Callable[[list[NodeRun]], bool] | None = None) -> WavesOutcome:
     """Run ``run_wave`` on each wave of ``nodes`` in turn (``spec`` as ``parse_waves``
     reads it). ``record.meta`` gets, per wave, ``waves``, ``wave``, ``of_waves`` and
     ``waves_finished`` on top of what it holds. A wave with a run not ``done``, one that
@@ -82,8 +87,13 @@ def run_waves(store: Store, nodes: list[NodePlan], spec: str, record: Record,
     ``run_wave`` raises), an interrupt, or ``between(next_wave_index, its nodes)``
     answering False stops the rollout, and ``why`` says which. ``on_wave(index, runs)`` is
     told of each wave as it ends. The nodes never written get their "cancelled" records
-    whichever way it stopped."""
-    waves = split_waves(nodes, parse_waves(spec))
+    whichever way it stopped. ``units``: the nodes grouped as the waves count them (a
+    serving group is one; default: each node); ``tolerate(runs)``: True when a wave's
+    failures are within the push's failure budget, and the rollout goes on."""
+    if units is None:
+        waves = split_waves(nodes, parse_waves(spec))
+    else:
+        waves = [[plan for unit in wave for plan in unit] for wave in split_waves(units, parse_waves(spec))]
     outcome = WavesOutcome(spec, [[n.node for n in wave] for wave in waves])
     base_meta = dict(record.meta)
     for index, wave in enumerate(waves):
@@ -109,7 +119,7 @@ def run_waves(store: Store, nodes: list[NodePlan], spec: str, record: Record,
         if interrupt.requested():
             outcome.why = INTERRUPTED
             break
-        if any(run.state != "done" for run in runs):
+        if any(run.state != "done" for run in runs) and not (tolerate is not None and tolerate(runs)):
             outcome.why = FAILED
             break
         outcome.finished = index + 1
