@@ -40,6 +40,9 @@ from helpers import Result, Sshd, toml_dumps  # noqa: E402
 from helpers import local_node as _local_node  # noqa: E402
 
 REPO_ROOT = TESTS_DIR.parent
+# Every Python the tests start (a snapver command, the persistent-connection daemon, the
+# background compaction) runs this working tree, not whatever snapver the interpreter has installed.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 FIXTURES_DIR = REPO_ROOT.parent / "shared" / "fixtures"
 SSHD_BINARY = "/usr/sbin/sshd"
 
