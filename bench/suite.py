@@ -16,6 +16,9 @@ fixture does) behind a loopback OpenSSH server, snapver against the tools it rep
                                                      and scp -r + diff -rq of both nodes at once
   push          snapver patch import + push --yes of a 2-file diff
                                                   vs rsync -a of the 2 files / scp of the 2 files
+  container-pull, container-re-pull, container-diff
+                the same pull / re-pull / diff -q on a local Docker container vs on the SSH
+                node (and vs docker cp, docker cp + diff -rq): bench/container.py, loopback only
 
 Each scenario runs on two networks: `loopback` (straight to sshd) and `rtt20` (through
 bench/delay_proxy.py: 10 ms each way). Cases run interleaved (one run of each per
@@ -46,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import container  # noqa: E402
 from common import (  # noqa: E402
     REPO_ROOT,
     BenchEnv,
@@ -63,7 +67,7 @@ from helpers import toml_dumps  # noqa: E402
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-SCENARIOS = ("first-pull", "re-pull", "change-pull", "diff", "status", "push")
+SCENARIOS = ("first-pull", "re-pull", "change-pull", "diff", "status", "push", *container.SCENARIOS)
 NODES = ("ct200", "ct129")
 NODE = "ct200"
 CHANGED = "sglang/srt/server_args.py"
@@ -80,6 +84,7 @@ BARS = [
     ("first-pull", "rtt20", "snapver", "rsync -a", "<=", 1.0),
     ("re-pull", "rtt20", "snapver", "rsync -a", "<=", 1.0),
     ("diff", "rtt20", "scp -r + diff -rq", "snapver", ">=", 50.0),
+    *container.CONTAINER_BARS,
 ]
 
 
@@ -545,10 +550,12 @@ def push(suite: Suite, net: Network) -> None:
 RUNNERS: dict[str, Callable[[Suite, Network], None]] = {
     "first-pull": first_pull, "re-pull": re_pull, "change-pull": change_pull,
     "diff": diff, "status": status, "push": push,
+    **{scenario: container.runner(scenario, NODE, CHANGED) for scenario in container.SCENARIOS},
 }
 # The snapver commands each scenario needs; a scenario whose command is missing prints "not available".
 NEEDS = {"first-pull": ["pull"], "re-pull": ["pull"], "change-pull": ["pull"], "diff": ["pull", "diff"],
-         "status": ["pull", "status"], "push": ["pull", "show", "patch", "push", "rollback"]}
+         "status": ["pull", "status"], "push": ["pull", "show", "patch", "push", "rollback"],
+         "container-pull": ["pull"], "container-re-pull": ["pull"], "container-diff": ["pull", "diff"]}
 
 
 def missing_commands(env: BenchEnv) -> set[str]:
@@ -679,7 +686,7 @@ def main() -> int:
     if verdicts:
         print("\nbars (median ratios):")
         for v in verdicts:
-            print(f"  {v['scenario']:<11} {v['network']:<8} {v['ratio']:<28} {v['value']:>7.2f}  "
+            print(f"  {v['scenario']:<17} {v['network']:<8} {v['ratio']:<40} {v['value']:>7.2f}  "
                   f"bar {v['bar']:<6} {'met' if v['met'] else 'NOT MET'}")
     for line in suite.unavailable:
         print(f"  not available: {line}")

@@ -287,6 +287,8 @@ def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
     for broken in plan.broken:
         label = "[yellow]broken, pushed anyway[/yellow]" if plan.allow_broken else "[red]broken[/red]"
         out.print(f"{label}: {escape(str(broken))}")
+    if plan.layer_warning:
+        console(stderr=True).print(f"[yellow]warning[/yellow]: {escape(plan.layer_warning)}")
 
 
 def _render_push_result(result: PushResult, stale: list, in_waves: bool) -> None:

@@ -44,6 +44,19 @@ def _emit_file_json(snapshot: str, path: str, file: Entry, pieces: Iterator[byte
     out.flush()
 
 
+def _container_line(container: dict) -> str:
+    """A snapshot's container, as recorded: engine and name, container id, image id."""
+    from snapver.ops.layer import short_id
+
+    if "exec" in container:
+        return (f"not known (reached through exec {show_path(str(container['exec']))} …: "
+                "its runtime is not asked for ids)")
+    where = show_path(f"{container.get('engine', '?')}:{container.get('name', '?')}")
+    if not container.get("id"):
+        return f"{where} (ids not known: its engine did not answer)"
+    return f"{where} {escape(short_id(container['id']))}, image {escape(short_id(container.get('image')))}"
+
+
 @app.command()
 def show(
     ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
@@ -94,6 +107,8 @@ def show(
                   ("made by", show_path(info.made_by)),
                   ("site-packages", show_path(str(meta.get("site_packages", "")))),
                   ("python", show_path(str(meta.get("python", ""))))]
+        if isinstance(meta.get("container"), dict):
+            fields.append(("container", _container_line(meta["container"])))
         files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"
     fields += [("distribution", show_list(info.dists) or "-"),
                ("paths", show_list(map(str, meta.get("paths", []))))]

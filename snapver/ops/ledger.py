@@ -38,6 +38,7 @@ class PushState:
     running: bool = False
     waves: str | None = None  # "stopped after 1 of 2 wave(s) (1,100%)" for a push in waves that stopped
     writer: str | None = None  # who wrote the record, in a team store (None: this store alone)
+    container: dict[str, Any] | None = None  # the container and image ids it wrote into (ops/layer.py)
 
     @property
     def interrupted(self) -> bool:
@@ -48,14 +49,16 @@ class PushState:
         return {"node": self.node, "record": self.record, "action": self.action, "state": self.state,
                 "patch": self.patch, "time": self.time.isoformat(), "before": self.before,
                 "restore": self.restore, "after": self.after, "running": self.running,
-                "interrupted": self.interrupted, "waves": self.waves, "writer": self.writer}
+                "interrupted": self.interrupted, "waves": self.waves, "writer": self.writer,
+                "container": self.container}
 
 
 def _state_of(node: str, commit: Commit, running: bool = False, writer: str | None = None) -> PushState:
     meta = commit.meta
     return PushState(node, commit.id, meta.get("action", "push"), meta.get("state", "?"), meta.get("patch"),
                      commit.time.astimezone(), meta.get("before"), meta.get("restore") or meta.get("before"),
-                     meta.get("after"), running, _waves_note(meta), writer)
+                     meta.get("after"), running, _waves_note(meta), writer,
+                     meta["container"] if isinstance(meta.get("container"), dict) else None)
 
 
 def _waves_note(meta: dict[str, Any]) -> str | None:
@@ -160,8 +163,8 @@ class Record:
 
 
 def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Append one record per row (``node``, ``state``, ``tree`` commit, extra meta) in one
-    store write; returns ``{node: record commit}``."""
+    """Append one record per row (``node``, ``state``, ``tree`` commit, ``container`` ids,
+    extra meta) in one store write; returns ``{node: record commit}``."""
     now = datetime.now(timezone.utc)
     marks = {}
     writer = writer_of(store)  # the ledger says who (a team store's push records are everyone's)
@@ -169,8 +172,9 @@ def write_records(store: Store, record: Record, rows: list[dict[str, Any]]) -> d
         for row in rows:
             node = row["node"]
             meta = push_record_meta({**record.meta, **record.per_node.get(node, {}),
-                                     **{k: v for k, v in row.items() if k != "tree"}},
-                                    writer=writer, action=record.action, push_id=record.push_id, when=now)
+                                     **{k: v for k, v in row.items() if k not in ("tree", "container")}},
+                                    writer=writer, action=record.action, push_id=record.push_id, when=now,
+                                    container=row.get("container"))
             manifest = store.manifest(row["tree"]) if row.get("tree") else Manifest()
             subject = f"{record.subject} on {node}: {row['state']}"
             marks[node] = importer.commit(refs.push_ref(node), store.ref(refs.push_ref(node)), manifest,

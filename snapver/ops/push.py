@@ -23,6 +23,7 @@ from snapver.failbudget import allowed_failures
 from snapver.model import FILE
 from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_error
 from snapver.ops.hooks import Hooks
+from snapver.ops.layer import layer_warning
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
 from snapver.ops.patch import Patch, load_patch, unseen_versions
@@ -96,6 +97,11 @@ class PushPlan:
             return type(first)(f"push refused, no node was changed: {first.message}", hint=first.hint)
         return None
 
+    @property
+    def layer_warning(self) -> str | None:
+        """Said once when the push writes into containers: their writable layer is not forever."""
+        return layer_warning(self.patch.name, [n.spec for n in self.nodes if n.writes])
+
     def close(self) -> None:
         for node in self.nodes:
             node.close()
@@ -110,6 +116,7 @@ class PushPlan:
         return {"patch": self.patch.name, "commit": self.patch.commit, "base": self.patch.base,
                 "force": self.force, "nothing_to_do": self.nothing_to_do, "allow_broken": self.allow_broken,
                 "broken": [b.to_json() for b in self.broken], "units": [u.to_json() for u in self.units],
+                "layer_warning": self.layer_warning,
                 "nodes": [n.to_json() for n in self.nodes]}
 
 

@@ -21,6 +21,7 @@ from snapver import interrupt
 from snapver.errors import Cancelled, SnapverError, StoreError
 from snapver.model import Entry
 from snapver.ops.hooks import Hooks, hooks_again, run_health, run_hooks
+from snapver.ops.layer import identities
 from snapver.ops.ledger import Record, newest_record, write_records
 from snapver.ops.nodeio import left_alone_error, open_node, undo_node, write_node
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan
@@ -176,13 +177,14 @@ class Execution:
         """A "started" record per node, restoring to its snapshot (or, after an unfinished
         push, to the point that push would have restored)."""
         rows: list[dict[str, Any]] = []
+        ids = identities(plan.spec for plan in self.plans)  # the containers written into
         for plan in self.plans:
             prior = newest_record(self.store, plan.node, check_lock=False)
             carried = prior is not None and prior.state in ("started", "failed")
             rows.append({"node": plan.node, "state": "started", "tree": before[plan.node],
                          "before": before[plan.node],
                          "restore": prior.restore if carried and prior else before[plan.node],
-                         "files": _files_meta(plan)})
+                         "files": _files_meta(plan), "container": ids[plan.node]})
             self.runs[plan.node].before = str(before[plan.node])
         started = write_records(self.store, self.record, rows)
         for node, commit in started.items():
@@ -293,7 +295,8 @@ class Execution:
 
     def record_outcome(self, after: dict[str, str | SnapverError]) -> None:
         """Each node's record says its final state; a full store names the nodes left written."""
-        rows = [self._outcome_row(plan, after.get(plan.node)) for plan in self.plans]
+        ids = identities(plan.spec for plan in self.plans)  # a restart may have made a new container
+        rows = [{**self._outcome_row(plan, after.get(plan.node)), "container": ids[plan.node]} for plan in self.plans]
         try:
             finished = write_records(self.store, self.record, rows)
         except StoreError as exc:

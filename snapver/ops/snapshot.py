@@ -18,12 +18,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
 from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
+from snapver.ops.layer import request_identity
 from snapver.ops.live import (
     BY_PATH,
     keep_stat_keys_packed,
@@ -65,6 +67,7 @@ class NodePull:
     wire_bytes: int = 0
     seconds: float = 0.0
     dist: str = ""
+    container: dict[str, Any] | None = None  # its container's ids, when a snapshot is recorded (ops/layer.py)
     error: SnapverError | None = None
     # working state, not reported
     transport: Transport | None = field(default=None, repr=False)
@@ -88,6 +91,7 @@ class NodePull:
                 "unchanged_since": self.unchanged_since, "files": self.files, "changed": self.changed,
                 "fetched_files": self.fetched_files, "fetched_bytes": self.fetched_bytes,
                 "wire_bytes": self.wire_bytes, "seconds": round(self.seconds, 3), "dist": self.dist,
+                "container": self.container,
                 "error": str(self.error) if self.error else None,
                 "exit_code": self.error.exit_code if self.error else 0}
 
@@ -172,6 +176,10 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
                 marks = {}
                 manifests: SharedManifests = {}
                 records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
+                # The container ids of the nodes that may record a snapshot, asked of their engines at once.
+                by_spec = {spec.name: spec for spec in specs}
+                for result, ids in [(r, request_identity(by_spec[r.node])) for r in live if not _as_last_time(r)]:
+                    result.container = ids()
                 for result in (r for r in live if r.ok):
                     try:
                         mark = _record(store, importer, result, digests, message, manifests, event, records)
@@ -455,7 +463,7 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     now = datetime.now(timezone.utc)
     meta = snapshot_meta(node=spec.name, host=spec.address, writer=writer_of(store), info=info, when=now,
                          paths=spec.paths, exclude=spec.exclude, manifest=manifest, changed=result.changed,
-                         event=event, message=message)
+                         event=event, message=message, container=result.container)
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).

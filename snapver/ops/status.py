@@ -28,6 +28,7 @@ from snapver.config import Config, NodeSpec
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.checkout import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
+from snapver.ops.layer import recreated_note, request_identity
 from snapver.ops.ledger import newest_record
 from snapver.ops.live import request_live
 from snapver.ops.log import tags_by_commit
@@ -141,12 +142,14 @@ class NodeStatus:
     not_compared: list[str] = field(default_factory=list)  # notes: what the drift left out, and why
     notes: list[str] = field(default_factory=list)  # facts about the node beside its files (said under the table)
     left_out: int = 0  # files outside the snapshot's scope or the node's: the tree is not all the snapshot's
+    container: dict[str, Any] | None = None  # the live container's ids, asked when its push record has some
     # working state, not reported
     live: Manifest | None = field(default=None, repr=False)
     transport: Transport | None = field(default=None, repr=False)
     record: dict[str, RecordEntry] | None = field(default=None, repr=False)
     record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
     committed: CommittedTree | None = field(default=None, repr=False)  # an editable install's git HEAD
+    asked_container: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
 
     @property
     def drifted(self) -> bool:
@@ -197,7 +200,7 @@ class NodeStatus:
                 "patches": [p.to_json() for p in self.patches],
                 "push": self.push, "error": str(self.error) if self.error else None,
                 "restart_needed": self.restart_needed, "restart_error": self.restart_error,
-                "not_compared": self.not_compared, "notes": self.notes,
+                "not_compared": self.not_compared, "notes": self.notes, "container": self.container,
                 "exit_code": self.exit_code}
 
 
@@ -236,6 +239,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             for algo, oids in _unknown_blobs(rows, digests).items():
                 digests.learn_from_store(algo, oids)
             list(pool.map(lambda row: _judge_node(row, reference, patches, digests, store), rows))
+            list(pool.map(_note_recreated, rows))
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -262,6 +266,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
                 snapshot_manifest = store.manifest(row.snapshot)
                 snapshot_scope = commit_scope(store, snapshot, node_scope(spec))
             row.push = last_push(store, spec.name)
+            if row.push and row.push.get("container"):  # asked of the engine while the node lists
+                row.asked_container = request_identity(spec)
         info = row.transport.info
         assert info is not None
         # Behind the listing: the RECORDs' sha256, which says whether another node sends the same.
@@ -302,6 +308,17 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _note_recreated(row: NodeStatus) -> None:
+    """A note when the node's container is not the one its newest push wrote into."""
+    if row.asked_container is None:
+        return
+    row.container = row.asked_container()
+    if row.live is not None:  # the files read: whether they hold the patch is known
+        note = recreated_note(row.container, row.push, [p.name for p in row.patches if p.applied])
+        if note:
+            row.notes.append(note)
 
 
 def _drift(row: NodeStatus, spec: NodeSpec, snapshot: Manifest, scope: Scope) -> list[Change]:

@@ -45,10 +45,11 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
 
 def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: datetime, paths: Iterable[str],
                   exclude: Iterable[str], manifest: Manifest, changed: int, event: dict[str, Any] | None = None,
-                  message: str = "") -> dict[str, Any]:
+                  message: str = "", container: dict[str, Any] | None = None) -> dict[str, Any]:
     """A pulled snapshot's metadata: the node and what it reported (``info``), what the
     listing observed, the manifest's size; ``event`` (default ``{"event": "pull"}``) says
-    what took it and may add fields of its own."""
+    what took it and may add fields of its own; ``container``: the node's container and
+    image ids (``ops/layer.py``), for a node in a container."""
     meta: dict[str, Any] = {
         "v": 1, "kind": "snapshot", "node": node, "host": host,
         "writer": writer,
@@ -65,6 +66,8 @@ def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: da
         meta["dists"] = meta["dists"] or ([[install.name, install.version]] if install.version else [])
     if message:
         meta["message"] = message
+    if container is not None:
+        meta["container"] = container
     return meta
 
 
@@ -88,9 +91,13 @@ def import_meta(*, node: str, writer: str, source: str, layout: str, site_packag
 
 
 def push_record_meta(fields: dict[str, Any], *, writer: str, action: str, push_id: str,
-                     when: datetime) -> dict[str, Any]:
+                     when: datetime, container: dict[str, Any] | None = None) -> dict[str, Any]:
     """A push record's metadata: ``fields`` (what the push and this node's row say: state,
-    patch, files, restore point, …) under the fields every record has, which win."""
-    return {**fields, "v": 1, "kind": "push", "writer": writer,
+    patch, files, restore point, …) under the fields every record has, which win;
+    ``container``: the ids of the container the push wrote into (``ops/layer.py``)."""
+    meta = {**fields, "v": 1, "kind": "push", "writer": writer,
             "action": action, "push_id": push_id, "time": when.isoformat(timespec="seconds"),
             "time_ns": moment_ns(when)}
+    if container is not None:
+        meta["container"] = container
+    return meta

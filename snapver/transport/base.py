@@ -132,6 +132,11 @@ class Transport(ABC):
     def run_restart(self, command: str, timeout: float, deadline: float) -> dict[str, Any]:
         """Run a restart command where the node's service is managed from."""
 
+    def container_identity(self, timeout: float = 30.0) -> tuple[str, str] | None:
+        """(container id, image id) of the node's container, as its engine on the host says
+        within ``timeout``; None for a node that is no named container, or no answer."""
+        return None
+
     def __enter__(self) -> Transport:
         self.open()
         return self

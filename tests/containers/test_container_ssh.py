@@ -3,6 +3,8 @@ exec` on this same machine, so the container is reached through the host's shell
 
 from __future__ import annotations
 
+import json
+
 import dockerkit
 from storyline import story
 
@@ -21,6 +23,11 @@ def test_container_on_an_ssh_host_through_the_persistent_connection(sglang_conta
     for _ in range(2):  # the second through the mux the first started
         result = run_snapver("pull", "ct129")
         assert result.code == 0, result
+    # The container's ids, asked of docker on the SSH host, are in the snapshot.
+    result = run_snapver("show", "ct129", "--json")
+    recorded = json.loads(result.out)["meta"]["container"]
+    expected = dockerkit.docker("inspect", "--format", "{{.Id}} {{.Image}}", sglang_container).stdout.decode()
+    assert f"{recorded['id']} {recorded['image']}" == expected.strip(), recorded
 
 
 def test_stopped_container_on_an_ssh_host(make_container, ssh_node, write_config, run_snapver, isolated_env) -> None:
