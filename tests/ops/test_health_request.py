@@ -65,7 +65,8 @@ ids = itertools.count()
 class Handler(BaseHTTPRequestHandler):
     def answer(self, code, body):
         self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
+        if len(body) < 1 << 20:  # a huge answer is read until the connection closes (HTTP/1.0)
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
@@ -74,6 +75,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/moved":  # to the same server on another address: never followed
+            self.send_response(307)
+            self.send_header("Location", "http://127.0.0.2:%s/generate" % sys.argv[1])
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
         if self.path != "/generate":
             return self.answer(404, b"no such endpoint")
         text = module.generate(asked["text"], asked.get("sampling_params", {}).get("temperature", 0.0))
@@ -234,11 +240,14 @@ def test_the_whole_body_is_compared_without_a_match(served, run_snapver) -> None
 @pytest.mark.parametrize(("extra", "said"), [
     (["--health-match", "choices.0.text"], "the reply has no choices"),
     (["--health-match", "text", "--health-request", "URL/nope"], "answered 404"),
+    (["--health-match", "text", "--health-request", "URL/moved"], "answered 307 Temporary Redirect (a redirect to "
+                                                                   "http://127.0.0.2:PORT/generate, not followed)"),
 ])
 def test_a_request_wrong_whatever_the_code_refuses_the_push(served, run_snapver, extra, said) -> None:
     node, port, store = served()
     original = tree_hashes(node.site)
     extra = [item.replace("URL", f"http://127.0.0.1:{port}") for item in extra]
+    said = said.replace("PORT", str(port))
     result = run_snapver("push", "changes", "--yes", *options(port), *extra)
     assert result.code == 2, result
     assert result.err.startswith("snapver: error: ct200: health request") and said in result.err, result
