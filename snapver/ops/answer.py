@@ -15,12 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from snapver.config import NodeSpec
+from snapver.config import NodeSpec, url_problem
 from snapver.errors import TransportError, UsageError
 from snapver.healthrequest import (
     MAX_ANSWER,
     AnswerError,
     HealthRequest,
+    check_options,
     select_answer,
     shorten,
     shorten_pair,
@@ -48,6 +49,11 @@ class Baseline:
         return {"node": self.node, "request": self.request.to_json(), "compared": self.answer is not None,
                 "answer": shorten(self.answer, width=200) if self.answer is not None else None,
                 "note": self.note}
+
+
+def check_request_options(url: str | None, body: str | None, match: str | None, timeout: float | None) -> None:
+    """Refuse bad health request options (UsageError) before any node is asked."""
+    check_options(url, body, match, timeout, url_problem)
 
 
 def requests_for(specs: list[NodeSpec], url: str | None, body: str | None, match: str | None,
