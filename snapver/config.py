@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from snapver.errors import ConfigError, UsageError
+from snapver.healthrequest import HealthRequest, from_table
 from snapver.model import MAX_NAME_LENGTH  # node and group names: as tag and patch names, a ref's
 
 # tomllib (~5 ms to import) and sysconfig are imported where they are needed: a command
@@ -44,6 +45,8 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "health": (str, "a shell command"),
     "health_url": (str, "an http:// or https:// URL"),
     "health_timeout": ((int, float), "a number of seconds"),
+    "health_request": (dict, 'a table such as { url = "http://127.0.0.1:30000/generate", body = \'{...}\', '
+                             'match = "text" }'),
     "container": (str, "a string (the container's name or id)"),
     "engine": (str, '"docker" or "podman"'),
     "exec": (list, 'a list of strings (an argv prefix, e.g. ["kubectl", "exec", "-i", "POD", "--"])'),
@@ -78,6 +81,7 @@ class NodeSpec:
     health: str | None = None  # a shell command on the node: exit 0 = healthy
     health_url: str | None = None  # polled from the node itself: 2xx = healthy
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT  # seconds for the restart, and to become healthy
+    health_request: HealthRequest | None = None  # sent before a push writes and after the restart: same answer
     # The node is a container on the host (or on this machine, ``local``): the agent runs
     # through ``ENGINE exec -i CONTAINER``, or through ``exec_prefix`` (kubectl exec ... --).
     container: str | None = None
@@ -459,6 +463,8 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         problem = url_problem(health_url)
         if problem:
             raise fail(prefix + "health_url", problem)
+    health_request = from_table(merged["health_request"], url_problem, fail, prefix + "health_request") \
+        if "health_request" in merged else None
     health_timeout = merged.get("health_timeout", DEFAULT_HEALTH_TIMEOUT)
     if not 0 < health_timeout < math.inf:
         raise fail(prefix + "health_timeout", f"expected a positive number of seconds, got {health_timeout}")
@@ -496,6 +502,7 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         health=merged.get("health"),
         health_url=health_url,
         health_timeout=float(health_timeout),
+        health_request=health_request,
         container=container,
         engine=engine,
         exec_prefix=exec_prefix,

@@ -179,6 +179,20 @@ def confirm(yes: bool, question: str) -> bool:
     return typer.confirm(question, default=False, err=True)  # stdout may be a --json document
 
 
+# The health request's options (ops/answer.py): declared here to keep push's signature short.
+HealthRequestOpt = Annotated[str | None, typer.Option(
+    "--health-request", metavar="URL", help="Send a request to URL from each node before writing it and again "
+    "after the restart and health checks: a different answer fails the check (default: the config's "
+    "health_request).")]
+HealthBodyOpt = Annotated[str | None, typer.Option(
+    "--health-body", metavar="JSON", help="The health request's body (JSON; sent with POST).")]
+HealthMatchOpt = Annotated[str | None, typer.Option(
+    "--health-match", metavar="PATH", help="Compare only this dotted JSON path of the answer (text, "
+    "choices.0.text); default: the whole body.")]
+HealthRequestTimeoutOpt = Annotated[float | None, typer.Option(
+    "--health-request-timeout", metavar="SECONDS", help="Seconds each health request may take (default 60).")]
+
+
 @app.command()
 def push(
     patch: str = typer.Argument(..., help="The patch to apply."),
@@ -211,6 +225,10 @@ def push(
                                         "and healthy before the next; a failure stops the push."),
     pause: float = typer.Option(0.0, "--pause", min=0, metavar="SECONDS",
                                 help="Wait this long between waves (on a terminal without --yes: ask)."),
+    health_request: HealthRequestOpt = None,
+    health_body: HealthBodyOpt = None,
+    health_match: HealthMatchOpt = None,
+    health_request_timeout: HealthRequestTimeoutOpt = None,
     rollback_all: bool = typer.Option(False, "--rollback-all",
                                       help="When a wave fails, also roll back the waves that finished: now the "
                                       "default (kept for old scripts); with --keep-going it still does."),
@@ -224,16 +242,20 @@ def push(
       snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
     from snapver.cli.rollout import busy_units, push_budget, render_units, wave_title
-    from snapver.ops.hooks import hooks_for
+    from snapver.ops.answer import ask_before, check_request_options, requests_for
+    from snapver.ops.hooks import hooks_for, with_baselines
     from snapver.ops.ps import stale_after_write
     from snapver.ops.push import apply_push, apply_push_waves, plan_push, push_waves
 
+    check_request_options(health_request, health_body, health_match, health_request_timeout)
     config = STATE.config()
     budget = push_budget(config, max_fail)
     waves_spec = push_waves(config, waves, rollback_all)
     store = STATE.store(config)
     out = console()
     with plan_push(store, config, patch, targets or [], all_nodes, force, allow_broken) as plan:
+        requests = requests_for([n.spec for n in plan.nodes], health_request, health_body, health_match,
+                                health_request_timeout)
         if not json_out:
             _render_push_plan(plan, patch, dry_run)
             render_units(plan, waves_spec, budget, dry_run)
@@ -257,6 +279,8 @@ def push(
             console(stderr=True).print("snapver: nothing written")
             return 1
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
+        baselines = ask_before(plan.nodes, requests)
+        hooks = with_baselines(hooks, baselines if json_out else _render_baselines(baselines))
         result: WavesResult | PushResult
         if waves_spec is not None:
             result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
@@ -270,11 +294,23 @@ def push(
                                 max_fail=budget)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes, store)
     if json_out:
-        emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale]})
+        emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale],
+                   "health_requests": [b.to_json() for b in baselines]})
     else:
         _render_push_result(result, stale, in_waves=waves_spec is not None)
     interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code
+
+
+def _render_baselines(baselines: list) -> list:
+    """Once per node whose health request is not compared: why. Returns ``baselines``."""
+    from snapver.model import quote_controls
+
+    for baseline in baselines:
+        if baseline.note is not None:
+            console(stderr=True).print(f"[yellow]warning[/yellow]: {escape(baseline.node)}: health request: "
+                                       f"{escape(quote_controls(baseline.note))}")
+    return baselines
 
 
 def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:

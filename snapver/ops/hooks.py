@@ -1,17 +1,19 @@
 """Restart and health: what runs on a node after it is written (or restored).
 
 ``Hooks`` per node says what to run: ``restart`` (sh), then wait until healthy:
-``health`` (sh, exit 0) and ``health_url`` (polled from the node, 2xx). The agent bounds
-each to its timeout; the client waits that long plus the link's time.
+``health`` (sh, exit 0) and ``health_url`` (polled from the node, 2xx), then the same
+answer as before the write (``answer``: see ``ops/answer.py``). The agent bounds each to
+its timeout; the client waits that long plus the link's time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from snapver.config import NodeSpec, url_problem
 from snapver.errors import SnapverError, TransportError, UsageError
+from snapver.ops.answer import Baseline, check_answer
 from snapver.ops.nodeio import open_node
 from snapver.ops.plan import NodePlan
 from snapver.transport.base import Transport
@@ -38,19 +40,21 @@ def run_health(transport: Transport, spec: NodeSpec, command: str, timeout: floa
 class Hooks:
     """What to run on a node after writing it: ``restart`` (sh), then wait until healthy:
     ``health`` (sh, exit 0) and ``health_url`` (polled from the node, 2xx), within
-    ``timeout`` seconds each."""
+    ``timeout`` seconds each; then ``answer``'s request, answered as before the write."""
 
     restart: str | None = None
     health: str | None = None
     health_url: str | None = None
     timeout: float = 300.0
+    answer: Baseline | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.restart or self.health or self.health_url)
+        return bool(self.restart or self.health or self.health_url or self.answer)
 
     def to_json(self) -> dict[str, Any]:
         return {"restart": self.restart, "health": self.health, "health_url": self.health_url,
-                "timeout": self.timeout}
+                "timeout": self.timeout,
+                **({"health_request": self.answer.request.to_json()} if self.answer else {})}
 
 
 def poll_health_url(transport: Transport, spec: NodeSpec, url: str, timeout: float) -> str:
@@ -78,6 +82,9 @@ def run_hooks(transport: Transport, spec: NodeSpec, hooks: Hooks, log: list[str]
         log.append("health check passed")
     if hooks.health_url:
         log.append(poll_health_url(transport, spec, hooks.health_url, hooks.timeout))
+    if hooks.answer is not None:
+        # A server the restart left still starting is waited for (as health_url waits) up to the timeout.
+        log.append(check_answer(transport, spec, hooks.answer, hooks.timeout if hooks.restart else 0.0))
 
 
 def hooks_again(plan: NodePlan, hooks: Hooks, log: list[str]) -> SnapverError | None:
@@ -110,4 +117,14 @@ def hooks_for(specs: list[NodeSpec], restart: str | None = None, no_restart: boo
         found[spec.name] = Hooks(restart=None if no_restart else (restart or spec.restart),
                                  health=health or spec.health, health_url=health_url or spec.health_url,
                                  timeout=timeout if timeout is not None else spec.health_timeout)
+    return found
+
+
+def with_baselines(hooks: dict[str, Hooks], baselines: list[Baseline]) -> dict[str, Hooks]:
+    """``hooks`` with each compared baseline (``ops/answer.ask_before``) added: its request is
+    sent again after the restart and the health checks, and must be answered the same."""
+    found = dict(hooks)
+    for baseline in baselines:
+        if baseline.answer is not None:
+            found[baseline.node] = replace(found.get(baseline.node) or Hooks(), answer=baseline)
     return found

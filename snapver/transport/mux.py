@@ -161,7 +161,7 @@ def start_mux(path: Path, spec_json: dict[str, Any], idle_seconds: float, timeou
 
 # What a node's hooks say (config.py): nothing the connection needs, so never sent to the
 # background process (which may be another snapver's, started from the same python).
-_NOT_FOR_THE_CONNECTION = ("restart", "health", "health_url", "health_timeout")
+_NOT_FOR_THE_CONNECTION = ("restart", "health", "health_url", "health_timeout", "health_request")
 
 
 def connection_fields(spec: NodeSpec) -> dict[str, Any]:
