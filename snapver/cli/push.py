@@ -241,11 +241,11 @@ def push(
       snapver push fix-attn tp8 --health "python -c 'import sglang'"
       snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
     """
-    from snapver.cli.rollout import busy_units, push_budget, render_units, wave_title
+    from snapver.cli.rollout import busy_units, push_budget, render_units
     from snapver.ops.answer import ask_before, check_request_options, requests_for
     from snapver.ops.hooks import hooks_for, with_baselines
     from snapver.ops.ps import stale_after_write
-    from snapver.ops.push import apply_push, apply_push_waves, plan_push, push_waves
+    from snapver.ops.push import plan_push, push_waves
 
     check_request_options(health_request, health_body, health_match, health_request_timeout)
     config = STATE.config()
@@ -281,17 +281,8 @@ def push(
         hooks = hooks_for([n.spec for n in plan.nodes], restart, no_restart, health, health_url, health_timeout)
         baselines = ask_before(plan.nodes, requests)
         hooks = with_baselines(hooks, baselines if json_out else _render_baselines(baselines))
-        result: WavesResult | PushResult
-        if waves_spec is not None:
-            result = apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
-                                      between=lambda index, names: _between_waves(index, names, pause, yes),
-                                      on_wave=None if json_out else
-                                      lambda index, runs: _render_wave(index, runs, wave_title(plan, runs)),
-                                      roll_back_finished=True if rollback_all else None, pauses=_test_pauses(),
-                                      max_fail=budget)
-        else:
-            result = apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses(),
-                                max_fail=budget)
+        result = _apply(store, config, plan, waves_spec, hooks, keep_going, budget,
+                        pause=pause, yes=yes, json_out=json_out, rollback_all=rollback_all)
         stale = [] if interrupt.requested() else stale_after_write(plan.nodes, result.nodes, store)
     if json_out:
         emit_json({**result.to_json(), "dry_run": False, "still_running_old": [s.to_json() for s in stale],
@@ -300,6 +291,22 @@ def push(
         _render_push_result(result, stale, in_waves=waves_spec is not None)
     interrupt.check()  # an interrupted push has undone what it wrote and said so: now leave
     return result.exit_code
+
+
+def _apply(store: Any, config: Any, plan: PushPlan, waves_spec: Any, hooks: Any, keep_going: bool, budget: Any, *,
+           pause: float, yes: bool, json_out: bool, rollback_all: bool) -> WavesResult | PushResult:
+    """Write the planned nodes: in waves when a wave spec is set, else all at once."""
+    from snapver.cli.rollout import wave_title
+    from snapver.ops.push import apply_push, apply_push_waves
+
+    if waves_spec is None:
+        return apply_push(store, plan, keep_going=keep_going, hooks=hooks, pauses=_test_pauses(), max_fail=budget)
+    return apply_push_waves(store, config, plan, waves_spec, hooks, keep_going,
+                            between=lambda index, names: _between_waves(index, names, pause, yes),
+                            on_wave=None if json_out else
+                            lambda index, runs: _render_wave(index, runs, wave_title(plan, runs)),
+                            roll_back_finished=True if rollback_all else None, pauses=_test_pauses(),
+                            max_fail=budget)
 
 
 def _render_baselines(baselines: list) -> list:
