@@ -65,5 +65,5 @@ def _private_imports_across_ops(path: Path) -> list[str]:
 
 
 def test_no_ops_module_takes_another_ops_modules_private_name() -> None:
-    found = [item for path in sorted((SNAPVER / "ops").glob("*.py")) for item in _private_imports_across_ops(path)]
+    found = [item for path in sorted((SNAPVER / "ops").rglob("*.py")) for item in _private_imports_across_ops(path)]
     assert not found, "; ".join(found)
