@@ -145,44 +145,9 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
         try:
             with store.importer() as importer:
                 digests: dict[str, str] = dict(known_digests or {})
-
-                def list_node(spec: NodeSpec, result: NodePull) -> None:
-                    _list_node(store, spec, result, hash_on_node, newest, first, starting)
-                    if first is not None and first.node == result.node and result.ok:
-                        assert result.listing is not None
-                        if on_plan:
-                            on_plan(len(result.listing.entries), sum(e.size for e in result.listing.entries))
-                        _fetch(result, result.listing.entries, importer, digests, on_progress)
-
-                list(pool.map(list_node, specs, results))
-                live = [r for r in results if r.ok]
-                # A node that found every file as its last snapshot's cache says has nothing to fetch.
-                others = [r for r in live if (first is None or r.node != first.node) and not _as_last_time(r)]
-                assignments = _assign_fetches(store, others, importer)
-                if on_plan:
-                    sent = [r for r in live if first is not None and r.node == first.node]
-                    on_plan(sum(r.fetched_files for r in sent) + sum(len(a) for a in assignments.values()),
-                            sum(r.fetched_bytes for r in sent) + sum(e.size for a in assignments.values() for e in a))
-                list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
-                              live))
-                # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
-                live = [r for r in live if r.ok]
-                list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
-                                               on_progress), [r for r in live if not _as_last_time(r)]))
-                marks = {}
-                manifests: SharedManifests = {}
-                records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
-                for result in (r for r in live if r.ok):
-                    try:
-                        mark = _record(store, importer, result, digests, message, manifests, event, records)
-                        if mark is not None:
-                            marks[result.node] = mark
-                    except SnapverError as exc:
-                        result.error = exc
-                    # Counted after the record: a RECORD read belongs to the pull's bytes too.
-                    transport = result.transport
-                    assert transport is not None
-                    result.wire_bytes = transport.bytes_received + transport.bytes_sent
+                live = _list_and_fetch(store, specs, results, pool, importer, digests, hash_on_node, newest, first,
+                                       starting, on_plan, on_progress)
+                marks = _record_all(store, importer, live, digests, message, event)
                 # Nothing more to ask the nodes: their buffers are freed before the store's
                 # write finishes (a 1 GB first pull's memory peaks there).
                 close_connections()
@@ -198,25 +163,84 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
             result.snapshot = importer.results[mark]
         for result in results:
             if result.ok and result.listing is not None:
-                head = result.snapshot or result.unchanged_since
-                # A cache the node found exactly as it was stays as it is (its time too:
-                # every file it trusts was trusted at that time, and is still unchanged).
-                if head and not (result.listing.as_cached and head == result.parent):
-                    save_stat_cache(store, result.node, head, result.listing)
-                elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
-                    entries = result.listing.entries
-                    files = sorted((e for e in entries if e.kind == FILE), key=BY_PATH)
-                    save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
-                elif head and result.keys is not None:
-                    keep_stat_keys_packed(store, result.node, result.keys)
-                if result.snapshot and result.record is not None:
-                    save_record_source(store, result.node, result.snapshot, result.record.source)
-                if tag and head:
-                    _tag(store, tag if len(specs) == 1 else f"{tag}-{result.node}", head, result)
+                _keep_side_files(store, result, tag, len(specs))
             result.seconds = time.monotonic() - result.started
             if on_node_done:
                 on_node_done(result)
     return PullResult(results)
+
+
+def _list_and_fetch(store: Store, specs: list[NodeSpec], results: list[NodePull], pool: ThreadPoolExecutor,
+                    importer: Importer, digests: dict[str, str], hash_on_node: bool, newest: dict[str, str],
+                    first: _First | None, starting: Starting | None, on_plan: Callable[[int, int], None] | None,
+                    on_progress: ProgressFn | None) -> list[NodePull]:
+    """List every node, then fetch each blob the store lacks from one node: the nodes still
+    without an error."""
+
+    def list_node(spec: NodeSpec, result: NodePull) -> None:
+        _list_node(store, spec, result, hash_on_node, newest, first, starting)
+        if first is not None and first.node == result.node and result.ok:
+            assert result.listing is not None
+            if on_plan:
+                on_plan(len(result.listing.entries), sum(e.size for e in result.listing.entries))
+            _fetch(result, result.listing.entries, importer, digests, on_progress)
+
+    list(pool.map(list_node, specs, results))
+    live = [r for r in results if r.ok]
+    # A node that found every file as its last snapshot's cache says has nothing to fetch.
+    others = [r for r in live if (first is None or r.node != first.node) and not _as_last_time(r)]
+    assignments = _assign_fetches(store, others, importer)
+    if on_plan:
+        sent = [r for r in live if first is not None and r.node == first.node]
+        on_plan(sum(r.fetched_files for r in sent) + sum(len(a) for a in assignments.values()),
+                sum(r.fetched_bytes for r in sent) + sum(e.size for a in assignments.values() for e in a))
+    list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
+                  live))
+    # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
+    live = [r for r in live if r.ok]
+    list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
+                                   on_progress), [r for r in live if not _as_last_time(r)]))
+    return live
+
+
+def _record_all(store: Store, importer: Importer, live: list[NodePull], digests: dict[str, str], message: str,
+                event: dict[str, str] | None) -> dict[str, int]:
+    """Write a snapshot commit of each node still without an error: its mark, by node."""
+    marks = {}
+    manifests: SharedManifests = {}
+    records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
+    for result in (r for r in live if r.ok):
+        try:
+            mark = _record(store, importer, result, digests, message, manifests, event, records)
+            if mark is not None:
+                marks[result.node] = mark
+        except SnapverError as exc:
+            result.error = exc
+        # Counted after the record: a RECORD read belongs to the pull's bytes too.
+        transport = result.transport
+        assert transport is not None
+        result.wire_bytes = transport.bytes_received + transport.bytes_sent
+    return marks
+
+
+def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int) -> None:
+    """After the store's write: the node's stat cache (and keys), its RECORD's source, its tag."""
+    assert result.listing is not None
+    head = result.snapshot or result.unchanged_since
+    # A cache the node found exactly as it was stays as it is (its time too:
+    # every file it trusts was trusted at that time, and is still unchanged).
+    if head and not (result.listing.as_cached and head == result.parent):
+        save_stat_cache(store, result.node, head, result.listing)
+    elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
+        entries = result.listing.entries
+        files = sorted((e for e in entries if e.kind == FILE), key=BY_PATH)
+        save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
+    elif head and result.keys is not None:
+        keep_stat_keys_packed(store, result.node, result.keys)
+    if result.snapshot and result.record is not None:
+        save_record_source(store, result.node, result.snapshot, result.record.source)
+    if tag and head:
+        _tag(store, tag if nodes == 1 else f"{tag}-{result.node}", head, result)
 
 
 def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
