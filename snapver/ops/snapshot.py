@@ -23,15 +23,12 @@ import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
-from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
+from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.live import (
-    BY_PATH,
     keep_stat_keys_packed,
-    load_stat_cache,
     load_stat_keys,
     newest_heads,
     save_stat_cache,
-    save_stat_keys,
 )
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
@@ -73,8 +70,6 @@ class NodePull:
     own: str | None = field(default=None, repr=False)  # this store's branch head of the node
     parent_manifest: Manifest | None = field(default=None, repr=False)
     prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
-    cache_time: int = field(default=0, repr=False)  # of the stat cache the listing used
-    keys_missing: bool = field(default=False, repr=False)  # that cache has no stat keys file yet
     keys: StatKeys | None = field(default=None, repr=False)  # the stat keys its listing was sent
     record: SnapshotRecord | None = field(default=None, repr=False)  # the RECORD rows of its new snapshot
     started: float = field(default=0.0, repr=False)
@@ -231,10 +226,6 @@ def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int
     # every file it trusts was trusted at that time, and is still unchanged).
     if head and not (result.listing.as_cached and head == result.parent):
         save_stat_cache(store, result.node, head, result.listing)
-    elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
-        entries = result.listing.entries
-        files = sorted((e for e in entries if e.kind == FILE), key=BY_PATH)
-        save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
     elif head and result.keys is not None:
         keep_stat_keys_packed(store, result.node, result.keys)
     if result.snapshot and result.record is not None:
@@ -265,7 +256,7 @@ def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
 
 def _as_last_time(result: NodePull) -> bool:
     """True when the node listed exactly its last snapshot: the stat cache it was given
-    belongs to that snapshot (``load_stat_keys``/``load_stat_cache`` check its commit) and
+    belongs to that snapshot (``load_stat_keys`` checks its commit) and
     the node found every cached file unchanged, and nothing else (no file, link or special
     file the cache does not hold, none gone): no blob to look for, no tree to compare."""
     listing = result.listing
@@ -297,11 +288,6 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.parent = heads.get(refs.node_ref(spec.name))
         keys, cache_time = load_stat_keys(store, spec.name, result.parent)
         result.keys = keys
-        cache: dict[str, StatEntry] = {}
-        if keys is None:
-            cache, cache_time = load_stat_cache(store, spec.name, result.parent)
-            result.keys_missing = bool(cache)
-        result.cache_time = cache_time
         if result.transport is None:
             result.transport = (starting and starting.take(spec.name)) or open_transport(spec).start()
         if first is not None:
@@ -310,7 +296,7 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         # Every file will be fetched when the node does not hash: have it stream them right
         # after its listing (the level first: finding it may take a request of its own).
         level = None if hash_on_node else _compress_level(result.transport)
-        listing = result.transport.request_listing(cache, cache_time, want_oids=hash_on_node, cache_keys=keys,
+        listing = result.transport.request_listing(None, cache_time, want_oids=hash_on_node, cache_keys=keys,
                                                    rows_if_unchanged=False)
         if level is not None:
             result.prefetch = result.transport.request_listed_files(level)

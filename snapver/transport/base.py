@@ -220,10 +220,9 @@ INFLATE_AT_ONCE = 4 << 20
 @dataclass(frozen=True)
 class StatKeys:
     """A stat cache's keys as the agent's ``list`` takes them: their JSON text (a string of
-    "path NUL size mtime_ns ctime_ns ino mode" records, or an older version's
-    ``{"path": [size, mtime_ns, ctime_ns, ino, mode], ...}``) compressed with zlib, sent
-    as they are; and a function reading the cache's entries (None when they no longer
-    belong with these keys)."""
+    "path NUL size mtime_ns ctime_ns ino mode" records) compressed with zlib, sent as they
+    are; and a function reading the cache's entries (None when they no longer belong with
+    these keys)."""
 
     packed: bytes
     read_cache: Callable[[], dict[str, StatEntry] | None]

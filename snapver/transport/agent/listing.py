@@ -130,7 +130,7 @@ def _unpacked_cache(frame):
         cache = json.loads(zlib.decompress(frame).decode("ascii"))
     except (zlib.error, ValueError):  # UnicodeDecodeError is a ValueError
         return {}
-    return cache if isinstance(cache, (str, dict)) else {}
+    return cache if isinstance(cache, str) else {}
 
 
 class _Records(object):
