@@ -61,7 +61,7 @@ def walk(tree, tracked_paths, patterns):
     the tracked paths, walking folders by descriptor (a folder swapped for a link mid-walk
     fails the listing instead of being followed). The folder ``dir_fd`` stays open until
     the next item is asked for: ``At(dir_fd, name, ...)`` reaches the item meanwhile (made
-    only for the items read: an unchanged listing of 12,016 files needs none)."""
+    only for the items read: an unchanged listing needs none)."""
     excluded = exclusion(patterns) if patterns else None  # None: nothing to test per name
     for tracked in tracked_paths:
         root_fd = open_tracked_root(tree, tracked)
@@ -177,12 +177,12 @@ def op_list(channel, request):
     their rows (its cache then holds no blob ids); cached paths no longer there are
     named (``gone``). A delta's cache may come as one string of records, "path NUL size
     mtime_ns ctime_ns ino mode" each, two NULs between them: a file is unchanged when its
-    own record is among them (12,016 files: decoded in 3 ms, not 16 ms as a JSON object).
+    own record is among them (one string decodes faster than a JSON object).
     With ``cache_frame``, the cache comes in the frame after the request, zlib-compressed.
     With ``records_digest`` and ``records`` too (the BLAKE2b of the records, sorted, as one
     string, and how many), the frame is decoded only if the files' own records are not as
     many or, sorted, hash otherwise (``_Records``): a tree found as it was costs no
-    decompressing, parsing or set of 12,016 records.
+    decompressing, parsing or set of records.
     """
     site = site_packages_of(request.get("site_packages"))
     cache = request.get("cache") or {}
