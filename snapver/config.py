@@ -15,7 +15,7 @@ from snapver.errors import ConfigError, UsageError
 from snapver.healthrequest import HealthRequest, from_table
 from snapver.model import MAX_NAME_LENGTH  # node and group names: as tag and patch names, a ref's
 
-# tomllib (~5 ms to import) and sysconfig are imported where they are needed: a command
+# tomllib and sysconfig are imported where they are needed (start-up time): a command
 # reads either a file or the embedded default, never both.
 
 CONFIG_NAME = ".snapver"

@@ -22,15 +22,14 @@ def run() -> None:
     The set-up comes first: a connection begun before it would take a closed standard
     stream's descriptor, and its threads would each get a malloc arena of their own.
 
-    Freeing every object of a big pull took 70-150 ms after the work was done. By the time
+    Freeing every object of a big pull is time spent after the work is done. By the time
     ``main`` returns, every file it wrote is closed, the store lock released and its threads
     joined (those left are daemons), so only the standard streams need flushing.
     (``main`` itself returns normally, for callers running it in their own process.)
 
     The cyclic garbage collector is off: a command lives seconds, reference counting
-    frees nearly everything, and what is left in cycles is freed at exit. Listings of
-    thousands of rows per node made it run hundreds of times, over every object: 45 ms
-    of a one-node pull, 200-280 ms of a 16-node pull, 460 ms of a 16-node re-pull.
+    frees nearly everything, and what is left in cycles is freed at exit; listings of
+    thousands of rows per node would make it run hundreds of times, over every object.
     """
     gc.disable()
     _open_closed_standard_streams()
@@ -74,8 +73,7 @@ def _keep_freed_memory() -> None:
 
     By default each buffer over 128 KiB (a file's content, a decompressed piece of a
     stream) is a fresh mapping returned to the kernel when freed, so the next one faults
-    in every page again: 70,000-95,000 page faults in a one-node first pull, ~0.1 s of
-    kernel time; 40,000 with these settings. A command lives seconds; what it frees
+    in every page again. A command lives seconds; what it frees
     goes back to the system at exit. Elsewhere than glibc this does nothing.
     """
     try:
@@ -88,7 +86,6 @@ def _keep_freed_memory() -> None:
     mallopt(M_MMAP_THRESHOLD, 256 << 20)  # up to 256 MiB from the heap, not its own mapping
     mallopt(M_TRIM_THRESHOLD, 1 << 30)  # never give the heap's top back during the run
     mallopt(M_TOP_PAD, 64 << 20)  # and grow it in 64 MiB steps
-    # One heap for every thread: a pull's threads (SSH reader, hashing, per node) each had
-    # an arena of their own, whose freed buffers no other thread could reuse: a 1.14 GB
-    # first pull of torch peaked at ~105 MiB, ~97 MiB with one (no slower, 4 runs each).
+    # One heap for every thread: with an arena per thread (SSH reader, hashing, per node)
+    # no thread could reuse the buffers another freed.
     mallopt(M_ARENA_MAX, 1)

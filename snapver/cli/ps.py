@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
-
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt, NodesArg
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_path
 from snapver.cli.state import STATE
 
@@ -16,9 +15,8 @@ FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to t
 
 @app.command()
 def ps(
-    targets: list[str] = typer.Argument(None, metavar="[NODE|GROUP]...", show_default=False,
-                                        help="Nodes or groups (default: every node)."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    targets: NodesArg = None,
+    json_out: JsonOpt = False,
 ) -> int:
     """The processes running each node's tracked code, and which need a restart.
 

@@ -1,7 +1,7 @@
 """Results → text, tables and JSON: the only module that prints (besides errors).
 
 Off a terminal, rich prints markup as plain lines; `PlainConsole` prints those same bytes
-without importing rich (~30 ms of start-up), and hands rich whatever it is unsure of.
+without importing rich (start-up time), and hands rich whatever it is unsure of.
 """
 
 from __future__ import annotations

@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.options import JsonOpt
 from snapver.cli.render import console, emit_json, escape, show_path
 from snapver.cli.state import STATE
 
 
 @app.command()
 def sync(
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: JsonOpt = False,
     reclaim: bool = typer.Option(False, "--reclaim", help="Replace refs under this store's writer id that "
                                  "another store published (one that used the same id and is gone)."),
 ) -> int:

@@ -146,34 +146,57 @@ def import_folder(store: Store, config: Config, folder_text: str, node: str, dat
             dated_by = "--date"
             if moment is None:
                 moment, dated_by = _dated_by_mtime(listing.entries)
-            with store.lock():
-                head = store.ref(refs.node_ref(node))
-                history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
-                newest = not history or moment >= history[0].time
-                parent = head if newest else next((c.id for c in history if c.time <= moment), None)
-                scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
-                target = refs.node_ref(node) if newest else scratch
-                with store.importer() as importer:
-                    # Each file goes into the store as it is read: the folder is never held whole.
-                    manifest = _store_files(store, importer, transport, listing.entries, folder_text)
-                    changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
-                    meta = _import_meta(store, node, folder, moment, dists, manifest, changed, message)
-                    subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
-                    mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
-                commit = importer.results[mark]
-                ref = target
-                if not newest:
-                    ref = refs.import_ref(node, commit)
-                    try:
-                        store.update_ref(ref, commit)
-                    finally:
-                        store.delete_ref(scratch)
-                if tag is not None:
-                    store.update_ref(refs.tag_ref(tag), commit, ZERO_OID)
-                head = store.ref(refs.node_ref(node))
+            written = _write_import(store, transport, listing.entries, node, folder, folder_text, moment, dists,
+                                    message, tag)
     except RemotePathError as exc:
         raise UsageError(exc.message, hint=_through_link_hint(folder, node)) from exc
-    return ImportResult(node, commit, moment, dated_by, folder, len(manifest), changed, parent, head, ref, tag)
+    return ImportResult(node, written.commit, moment, dated_by, folder, written.files, written.changed,
+                        written.parent, written.head, written.ref, tag)
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What an import wrote: its commit, the ref keeping it, and the node's head after."""
+
+    commit: str
+    files: int
+    changed: int
+    parent: str | None
+    head: str | None
+    ref: str
+
+
+def _write_import(store: Store, transport: Transport, listed: list[StatEntry], node: str, folder: FolderTree,
+                  folder_text: str, moment: datetime, dists: list[list[str]], message: str,
+                  tag: str | None) -> _Written:
+    """Under the store lock: the folder's files and the import's commit, on the node's branch
+    when it is the newest, else on a ref of its own beside it; then the tag."""
+    with store.lock():
+        head = store.ref(refs.node_ref(node))
+        history = store.commits([head, *store.refs(f"{refs.IMPORTS}{node}/").values()]) if head else []
+        newest = not history or moment >= history[0].time
+        parent = head if newest else next((c.id for c in history if c.time <= moment), None)
+        scratch = f"refs/snapver/scratch/import-{node}-{os.getpid()}"
+        target = refs.node_ref(node) if newest else scratch
+        with store.importer() as importer:
+            # Each file goes into the store as it is read: the folder is never held whole.
+            manifest = _store_files(store, importer, transport, listed, folder_text)
+            changed = count_changes(store.manifest(parent), manifest) if parent else len(manifest)
+            meta = _import_meta(store, node, folder, moment, dists, manifest, changed, message)
+            subject = f"{node}: {len(manifest)} files, {changed} changed (import of {folder.text})"
+            mark = importer.commit(target, parent, manifest, format_message(subject, meta, message), moment)
+        commit = importer.results[mark]
+        ref = target
+        if not newest:
+            ref = refs.import_ref(node, commit)
+            try:
+                store.update_ref(ref, commit)
+            finally:
+                store.delete_ref(scratch)
+        if tag is not None:
+            store.update_ref(refs.tag_ref(tag), commit, ZERO_OID)
+        head = store.ref(refs.node_ref(node))
+    return _Written(commit, len(manifest), changed, parent, head, ref)
 
 
 def _dated_by_mtime(entries: list[StatEntry]) -> tuple[datetime, str]:

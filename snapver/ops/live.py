@@ -64,12 +64,10 @@ def records_digest(text: str) -> str:
 
 
 def parse_stat_keys(text: str) -> dict[str, Sequence[int]]:
-    """``{path: (size, mtime_ns, ctime_ns, ino, mode)}`` of keys' JSON text (either form)."""
+    """``{path: (size, mtime_ns, ctime_ns, ino, mode)}`` of keys' JSON text (a string of records)."""
     value = json.loads(text)
-    if isinstance(value, dict):  # written by an older snapver
-        return value
     if not isinstance(value, str):
-        raise ValueError("stat keys are neither records nor an object")
+        raise ValueError("stat keys are not a string of records")
     if not value:
         return {}
     fields = value.split("\0")  # path, keys, "", path, keys, ...: every number parsed at once
@@ -105,8 +103,7 @@ def load_stat_keys(store: Store, node: str, head: str | None) -> tuple[StatKeys 
 def read_stat_keys_file(path: Path) -> tuple[dict[str, Any], bytes]:
     """A keys file's header (commit, time, how many files) and its keys' JSON text,
     compressed with zlib (as the node is sent them). A file with no ``zlib`` in its header
-    holds the text as it is (as a pull writes them, and older snapvers did): it is
-    compressed here."""
+    holds the text as it is (as a pull writes them): it is compressed here."""
     header, data = _read_keys_file(path)
     return header, data if header.get("zlib") else zlib.compress(data, 1)
 
@@ -132,20 +129,17 @@ def _read_stat_keys(store: Store, node: str, head: str | None
         header, data = _read_keys_file(stat_keys_path(store, node))
         packed = header.get("zlib")
         files = header.get("files")
-        files = files if isinstance(files, int) and not isinstance(files, bool) else None
-        if not of_version(header, STAT_KEYS_VERSION, unversioned=True):
-            return None
+        records = header.get("records_digest")
+        if not of_version(header, STAT_KEYS_VERSION) or not isinstance(records, str) \
+                or not isinstance(files, int) or isinstance(files, bool):
+            return None  # another version, or a header without what its version writes: a miss
         if header["commit"] != head or files == 0:  # no files: no delta
-            return None
-        if files is None and _no_keys(zlib.decompress(data) if packed else data):  # an older file, uncounted
             return None
         # The count serves to call the tree unchanged from the node's counts alone, which
         # holds only if the snapshot had nothing but files: its links and special files are
         # listed again at every pull, so one whose links were all removed since would look
-        # unchanged (keys from before "others" was counted: never called so).
-        # The digest of the records, and how many there are (the count of a header that has a digest).
-        digest = header.get("records_digest")
-        digest = (digest, files) if isinstance(digest, str) and files is not None else None
+        # unchanged. The digest of the records goes with how many there are.
+        digest: tuple[str, int] | None = (records, files)
         if header.get("others") != 0:
             files = None
         if packed:
@@ -155,32 +149,23 @@ def _read_stat_keys(store: Store, node: str, head: str | None
         return None
 
 
-def _no_keys(text: bytes) -> bool:
-    """True for keys that name no file, or are not a JSON string or object (an older file)."""
-    return not text.startswith((b'"', b"{")) or text in (b'""', b"{}")
-
-
 def load_stat_cache(store: Store, node: str, head: str | None,
-                    keys: tuple[str, int] | None = None) -> tuple[dict[str, StatEntry], int]:
+                    keys: tuple[str, int]) -> tuple[dict[str, StatEntry], int]:
     """The node's last listing, trusted only if it belongs to the snapshot at the tip.
 
     The cache holds the listing's blob ids, in the order of its stat keys (``keys``: their
-    text and time, as ``load_stat_keys`` found them; None when it found none, and then
-    only such a cache serves); both must be of the same listing (same commit and time). A
-    cache an older snapver wrote holds whole rows instead.
+    text and time, as ``load_stat_keys`` found them); both must be of the same listing
+    (same commit and time).
     """
     path = stat_cache_path(store, node)
     try:
         data = json.loads(path.read_text())
         if head is None or not isinstance(data, dict) or data.get("commit") != head \
-                or not of_version(data, STAT_CACHE_VERSION, unversioned=True):
+                or not of_version(data, STAT_CACHE_VERSION):
             return {}, 0
         now_ns = int(data["now_ns"])
-        if "entries" in data:  # written before the cache held only blob ids
-            return {p: StatEntry(p, FILE, v[4], v[0], v[1], v[2], v[3], v[5])
-                    for p, v in data["entries"].items()}, now_ns
         oids = data["oids"]
-        if keys is None or keys[1] != now_ns:
+        if keys[1] != now_ns:
             return {}, 0
         rows = parse_stat_keys(keys[0])
         if not isinstance(oids, list) or len(rows) != len(oids):
@@ -214,8 +199,7 @@ def request_live(store: Store | None, transport: Transport, checksum: bool = Fal
     keys, cache_time = load_stat_keys(store, node, head)
     if keys is not None:
         return transport.request_listing(cache_time_ns=cache_time, cache_keys=keys)
-    cache, cache_time = load_stat_cache(store, node, head)
-    return transport.request_listing(cache, cache_time)
+    return transport.request_listing()
 
 
 def save_stat_cache(store: Store, node: str, commit: str, listing: Listing) -> None:

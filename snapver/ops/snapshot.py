@@ -24,16 +24,13 @@ import blake3
 
 from snapver.config import NodeSpec
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
-from snapver.model import FILE, ZERO_OID, Entry, Manifest, StatEntry
+from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
 from snapver.ops.layer import request_identity
 from snapver.ops.live import (
-    BY_PATH,
     keep_stat_keys_packed,
-    load_stat_cache,
     load_stat_keys,
     newest_heads,
     save_stat_cache,
-    save_stat_keys,
 )
 from snapver.ops.pristine import RECORD_PATH, SnapshotRecord, save_record_source, snapshot_record
 from snapver.store import refs
@@ -76,8 +73,6 @@ class NodePull:
     own: str | None = field(default=None, repr=False)  # this store's branch head of the node
     parent_manifest: Manifest | None = field(default=None, repr=False)
     prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
-    cache_time: int = field(default=0, repr=False)  # of the stat cache the listing used
-    keys_missing: bool = field(default=False, repr=False)  # that cache has no stat keys file yet
     keys: StatKeys | None = field(default=None, repr=False)  # the stat keys its listing was sent
     record: SnapshotRecord | None = field(default=None, repr=False)  # the RECORD rows of its new snapshot
     started: float = field(default=0.0, repr=False)
@@ -149,48 +144,9 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
         try:
             with store.importer() as importer:
                 digests: dict[str, str] = dict(known_digests or {})
-
-                def list_node(spec: NodeSpec, result: NodePull) -> None:
-                    _list_node(store, spec, result, hash_on_node, newest, first, starting)
-                    if first is not None and first.node == result.node and result.ok:
-                        assert result.listing is not None
-                        if on_plan:
-                            on_plan(len(result.listing.entries), sum(e.size for e in result.listing.entries))
-                        _fetch(result, result.listing.entries, importer, digests, on_progress)
-
-                list(pool.map(list_node, specs, results))
-                live = [r for r in results if r.ok]
-                # A node that found every file as its last snapshot's cache says has nothing to fetch.
-                others = [r for r in live if (first is None or r.node != first.node) and not _as_last_time(r)]
-                assignments = _assign_fetches(store, others, importer)
-                if on_plan:
-                    sent = [r for r in live if first is not None and r.node == first.node]
-                    on_plan(sum(r.fetched_files for r in sent) + sum(len(a) for a in assignments.values()),
-                            sum(r.fetched_bytes for r in sent) + sum(e.size for a in assignments.values() for e in a))
-                list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
-                              live))
-                # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
-                live = [r for r in live if r.ok]
-                list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
-                                               on_progress), [r for r in live if not _as_last_time(r)]))
-                marks = {}
-                manifests: SharedManifests = {}
-                records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
-                # The container ids of the nodes that may record a snapshot, asked of their engines at once.
-                by_spec = {spec.name: spec for spec in specs}
-                for result, ids in [(r, request_identity(by_spec[r.node])) for r in live if not _as_last_time(r)]:
-                    result.container = ids()
-                for result in (r for r in live if r.ok):
-                    try:
-                        mark = _record(store, importer, result, digests, message, manifests, event, records)
-                        if mark is not None:
-                            marks[result.node] = mark
-                    except SnapverError as exc:
-                        result.error = exc
-                    # Counted after the record: a RECORD read belongs to the pull's bytes too.
-                    transport = result.transport
-                    assert transport is not None
-                    result.wire_bytes = transport.bytes_received + transport.bytes_sent
+                live = _list_and_fetch(store, specs, results, pool, importer, digests, hash_on_node, newest, first,
+                                       starting, on_plan, on_progress)
+                marks = _record_all(store, importer, live, digests, message, event, specs)
                 # Nothing more to ask the nodes: their buffers are freed before the store's
                 # write finishes (a 1 GB first pull's memory peaks there).
                 close_connections()
@@ -206,25 +162,84 @@ def pull_locked(store: Store, specs: list[NodeSpec], tag: str | None = None, mes
             result.snapshot = importer.results[mark]
         for result in results:
             if result.ok and result.listing is not None:
-                head = result.snapshot or result.unchanged_since
-                # A cache the node found exactly as it was stays as it is (its time too:
-                # every file it trusts was trusted at that time, and is still unchanged).
-                if head and not (result.listing.as_cached and head == result.parent):
-                    save_stat_cache(store, result.node, head, result.listing)
-                elif head and result.keys_missing:  # a cache an older snapver wrote: add its keys
-                    entries = result.listing.entries
-                    files = sorted((e for e in entries if e.kind == FILE), key=BY_PATH)
-                    save_stat_keys(store, result.node, head, result.cache_time, files, len(entries) - len(files))
-                elif head and result.keys is not None:
-                    keep_stat_keys_packed(store, result.node, result.keys)
-                if result.snapshot and result.record is not None:
-                    save_record_source(store, result.node, result.snapshot, result.record.source)
-                if tag and head:
-                    _tag(store, tag if len(specs) == 1 else f"{tag}-{result.node}", head, result)
+                _keep_side_files(store, result, tag, len(specs))
             result.seconds = time.monotonic() - result.started
             if on_node_done:
                 on_node_done(result)
     return PullResult(results)
+
+
+def _list_and_fetch(store: Store, specs: list[NodeSpec], results: list[NodePull], pool: ThreadPoolExecutor,
+                    importer: Importer, digests: dict[str, str], hash_on_node: bool, newest: dict[str, str],
+                    first: _First | None, starting: Starting | None, on_plan: Callable[[int, int], None] | None,
+                    on_progress: ProgressFn | None) -> list[NodePull]:
+    """List every node, then fetch each blob the store lacks from one node: the nodes still
+    without an error."""
+
+    def list_node(spec: NodeSpec, result: NodePull) -> None:
+        _list_node(store, spec, result, hash_on_node, newest, first, starting)
+        if first is not None and first.node == result.node and result.ok:
+            assert result.listing is not None
+            if on_plan:
+                on_plan(len(result.listing.entries), sum(e.size for e in result.listing.entries))
+            _fetch(result, result.listing.entries, importer, digests, on_progress)
+
+    list(pool.map(list_node, specs, results))
+    live = [r for r in results if r.ok]
+    # A node that found every file as its last snapshot's cache says has nothing to fetch.
+    others = [r for r in live if (first is None or r.node != first.node) and not _as_last_time(r)]
+    assignments = _assign_fetches(store, others, importer)
+    if on_plan:
+        sent = [r for r in live if first is not None and r.node == first.node]
+        on_plan(sum(r.fetched_files for r in sent) + sum(len(a) for a in assignments.values()),
+                sum(r.fetched_bytes for r in sent) + sum(e.size for a in assignments.values() for e in a))
+    list(pool.map(lambda r: _fetch(r, assignments.get(r.node, []), importer, digests, on_progress),
+                  live))
+    # Blobs a failed node was to bring, or that changed under us: each node fetches its own.
+    live = [r for r in live if r.ok]
+    list(pool.map(lambda r: _fetch(r, _still_missing(store, importer, r), importer, digests,
+                                   on_progress), [r for r in live if not _as_last_time(r)]))
+    return live
+
+
+def _record_all(store: Store, importer: Importer, live: list[NodePull], digests: dict[str, str], message: str,
+                event: dict[str, str] | None, specs: list[NodeSpec]) -> dict[str, int]:
+    """Write a snapshot commit of each node still without an error: its mark, by node."""
+    marks = {}
+    manifests: SharedManifests = {}
+    records: dict[str, SnapshotRecord] | None = {} if len(live) > 1 else None
+    # The container ids of the nodes that may record a snapshot, asked of their engines at once.
+    by_spec = {spec.name: spec for spec in specs}
+    for result, ids in [(r, request_identity(by_spec[r.node])) for r in live if not _as_last_time(r)]:
+        result.container = ids()
+    for result in (r for r in live if r.ok):
+        try:
+            mark = _record(store, importer, result, digests, message, manifests, event, records)
+            if mark is not None:
+                marks[result.node] = mark
+        except SnapverError as exc:
+            result.error = exc
+        # Counted after the record: a RECORD read belongs to the pull's bytes too.
+        transport = result.transport
+        assert transport is not None
+        result.wire_bytes = transport.bytes_received + transport.bytes_sent
+    return marks
+
+
+def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int) -> None:
+    """After the store's write: the node's stat cache (and keys), its RECORD's source, its tag."""
+    assert result.listing is not None
+    head = result.snapshot or result.unchanged_since
+    # A cache the node found exactly as it was stays as it is (its time too:
+    # every file it trusts was trusted at that time, and is still unchanged).
+    if head and not (result.listing.as_cached and head == result.parent):
+        save_stat_cache(store, result.node, head, result.listing)
+    elif head and result.keys is not None:
+        keep_stat_keys_packed(store, result.node, result.keys)
+    if result.snapshot and result.record is not None:
+        save_record_source(store, result.node, result.snapshot, result.record.source)
+    if tag and head:
+        _tag(store, tag if nodes == 1 else f"{tag}-{result.node}", head, result)
 
 
 def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
@@ -249,7 +264,7 @@ def _tag(store: Store, name: str, head: str, result: NodePull) -> None:
 
 def _as_last_time(result: NodePull) -> bool:
     """True when the node listed exactly its last snapshot: the stat cache it was given
-    belongs to that snapshot (``load_stat_keys``/``load_stat_cache`` check its commit) and
+    belongs to that snapshot (``load_stat_keys`` checks its commit) and
     the node found every cached file unchanged, and nothing else (no file, link or special
     file the cache does not hold, none gone): no blob to look for, no tree to compare."""
     listing = result.listing
@@ -281,11 +296,6 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.parent = heads.get(refs.node_ref(spec.name))
         keys, cache_time = load_stat_keys(store, spec.name, result.parent)
         result.keys = keys
-        cache: dict[str, StatEntry] = {}
-        if keys is None:
-            cache, cache_time = load_stat_cache(store, spec.name, result.parent)
-            result.keys_missing = bool(cache)
-        result.cache_time = cache_time
         if result.transport is None:
             result.transport = (starting and starting.take(spec.name)) or open_transport(spec).start()
         if first is not None:
@@ -294,7 +304,7 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         # Every file will be fetched when the node does not hash: have it stream them right
         # after its listing (the level first: finding it may take a request of its own).
         level = None if hash_on_node else _compress_level(result.transport)
-        listing = result.transport.request_listing(cache, cache_time, want_oids=hash_on_node, cache_keys=keys,
+        listing = result.transport.request_listing(None, cache_time, want_oids=hash_on_node, cache_keys=keys,
                                                    rows_if_unchanged=False)
         if level is not None:
             result.prefetch = result.transport.request_listed_files(level)

@@ -2,13 +2,11 @@
 
 A pull writes each large file (one the node streams in pieces) as a loose object as it
 arrives: the cheapest correct encoding on the pull's path (blob id, adler32 and blake3
-only). But git maps a loose object whole, so the background compaction of a store holding
-a 500 MB loose ``.so`` peaked at 595 MiB. Before it repacks, the compaction (``gc.py``)
-rewrites every big loose blob, a piece at a time, as a pack holding only it, which git
-reads through capped windows (81 MiB on the torch store, ``gc.REPACK_CAPS``). The object
-count (1) is known up front, so the pack's header and checksum need no second pass; the
-packed object's crc32 (for the index) and the pack's SHA-1 cost ~0.5 s of CPU per
-500 MiB, off the pull's path.
+only). But git maps a loose object whole, so a compaction reading big loose blobs would
+hold each whole. Before it repacks, the compaction (``gc.py``) rewrites every big loose
+blob, a piece at a time, as a pack holding only it, which git reads through capped
+windows (``gc.REPACK_CAPS``). The object count (1) is known up front, so the pack's header
+and checksum need no second pass; the crc32 and SHA-1 are computed off the pull's path.
 
 The pack and its index are written under temporary names in ``objects/pack`` (names
 ``remove_dead_writers_packs`` clears when their writer died) and take their final names

@@ -11,8 +11,7 @@ missing, damaged or of another version is a miss, never an error::
     compact.json, compact.lock  the background repack's counter and lock (``store/gc.py``)
 
 A JSON file (or a header line) carries its kind's version as ``"v"``: a reader takes only
-its own version (the stat cache and keys also read what snapver wrote before files had
-one). ``digests-<algo>`` has no header: commands append whole lines to it concurrently.
+its own version. ``digests-<algo>`` has no header: commands append whole lines to it concurrently.
 """
 
 from __future__ import annotations
@@ -66,11 +65,9 @@ def digests_path(store: Store, algo: str) -> Path:
     return folder(store) / f"digests-{algo}"
 
 
-def of_version(document: Mapping[str, Any], version: int, unversioned: bool = False) -> bool:
-    """Whether a side file's JSON ``document`` is of ``version``; ``unversioned``: one written
-    before side files carried a version is read too."""
-    found = document.get("v")
-    return found == version or (unversioned and found is None)
+def of_version(document: Mapping[str, Any], version: int) -> bool:
+    """Whether a side file's JSON ``document`` is of ``version`` (any other, or none, is a miss)."""
+    return document.get("v") == version
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -27,8 +27,8 @@ from snapver.store.pack import GIT_TEMP_PREFIXES, remove_dead_writers_packs
 RAW_BYTES_BEFORE_COMPACT = 32 << 20
 # A repack recompresses the whole store: bounded, but far above one git command's limit.
 REPACK_TIMEOUT = 3600.0
-# The repack's memory, capped (issue 15: uncapped, the repack after a 1 GB first pull of
-# torch peaked at 2.74 GiB). Blobs above bigFileThreshold are streamed into the pack and
+# The repack's memory, capped (uncapped, it grows with the largest blobs: see
+# bench/README.md). Blobs above bigFileThreshold are streamed into the pack and
 # never delta-searched: a delta search holds a window of whole objects and their indexes,
 # and pack.windowMemory always keeps one object beside the current one, so a 500 MB .so
 # would need over 1 GB whatever the window. Smaller blobs are searched within 64 MiB of
@@ -36,8 +36,6 @@ REPACK_TIMEOUT = 3600.0
 # delta-base caches and the pack files' mmap windows capped too. git maps a loose object
 # whole, so big loose blobs (a pull writes its streamed files loose) are first rewritten as
 # packs of their own (``_pack_big_loose``), which git reads through these windows.
-# packedGitLimit 64m: a 96 MiB blob's compaction peaked at ~70 MiB (~103 MiB with 128m,
-# which held the whole pack mapped; ~101 MiB as a loose object).
 REPACK_CAPS = {
     "pack.compression": "1",
     "core.bigFileThreshold": "16m",

@@ -212,7 +212,7 @@ class Importer:
         with self._lock:
             needed -= self._written | objects.keys()
             # Trees already in the store are written again (git keeps either copy; compaction
-            # drops one): asking would cost a git process, writing them ~1 ms.
+            # drops one): asking would cost a git process, writing them far less.
             fresh = [oid for oid in objects if oid not in self._written]
         missing = sorted(needed - self.store.existing(needed))  # usually all seen already: no git process
         if missing:

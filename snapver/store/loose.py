@@ -164,10 +164,9 @@ class LooseBlob(StoredBlobFile):
         os.replace(self.tmp_path, folder / self.oid[2:])
 
 
-# Pieces handed from the receiving thread to the hashing one, at most: each holds ~1 MiB
-# alive. Hashing and writing on a thread of their own (hashlib, zlib, blake3 and writev
-# release the GIL on such buffers) took a 500 MB pull from ~1.11x to ~0.96x of rsync's
-# time over loopback on two shared cores (medians of 7); more queued pieces gained nothing.
+# Pieces handed from the receiving thread to the hashing one, at most: each holds a piece
+# alive. Hashing and writing run on a thread of their own (hashlib, zlib, blake3 and writev
+# release the GIL on such buffers); more queued pieces gain nothing.
 QUEUED_PIECES = 2
 
 

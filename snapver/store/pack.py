@@ -1,8 +1,7 @@
 """A streaming writer of git packfiles (v2 pack + v2 index) for new objects.
 
-Why not ``git fast-import`` or loose objects: on small cores fast-import spends ~2 s
-hashing and compressing the 84 MB sglang tree on one thread, and 2,600 loose objects
-cost ~1 s of syscalls. One sequential pack with stored (level-0) zlib streams is
+Why not ``git fast-import`` or loose objects: fast-import hashes and compresses on one
+thread, and thousands of loose objects cost a syscall storm. One sequential pack with stored (level-0) zlib streams is
 written at memory speed; ``git gc`` compresses it later, off the pull's path.
 
 Each record's zlib stream is made of stored deflate blocks written straight from the
@@ -189,9 +188,8 @@ class PackWriter:
     """Append objects to a new pack; ``finish`` writes the index and makes it visible.
 
     The pack's checksum covers its header, which holds the object count, known only at
-    the end: ``finish`` reads the pack back to compute it. (Hashing as the objects are
-    written, with a count promised up front, moved ~70 ms from the end of a first pull
-    into its transfer and saved nothing on two shared cores: see the commit history.)
+    the end: ``finish`` reads the pack back to compute it (hashing as objects are written,
+    with a count promised up front, saves nothing on small machines).
     """
 
     def __init__(self, objects_dir: Path) -> None:

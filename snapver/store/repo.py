@@ -43,7 +43,7 @@ BIG_BLOB = 4 << 20
 # How ``blob_chunks``'s git reads one big blob in bounded memory: git streams a packed
 # blob only above core.bigFileThreshold (default 512 MiB: below it, it inflates the blob
 # whole), and the pack's pages it maps stay resident up to core.packedGitLimit (default
-# 8 GiB, in 1 GiB windows): a 300 MB blob cost git 576 MiB, now ~37 MiB.
+# 8 GiB, in 1 GiB windows): both are capped here.
 STREAMING = ("-c", f"core.bigFileThreshold={BIG_BLOB}", "-c", "core.packedGitWindowSize=8m",
              "-c", "core.packedGitLimit=32m")
 # git's rule: a NUL in the first 8000 bytes makes a file binary (what ``blob_head`` reads).
@@ -85,7 +85,7 @@ class Store:
 
     @property
     def repo(self) -> Any:
-        """The GitPython Repo, opened on first use (importing git costs ~0.1 s of start-up)."""
+        """The GitPython Repo, opened on first use (importing git is slow: start-up pays it only then)."""
         if self._repo is None:
             import git
 
@@ -190,7 +190,7 @@ class Store:
     def read_blob(self, oid: str) -> bytes:
         """One object's content (``oid`` or ``rev:path``), through one persistent ``cat-file --batch``.
 
-        Our own process rather than GitPython's: importing git costs ~0.1 s of every command.
+        Our own process rather than GitPython's: no command pays for importing git.
         """
         with self._cat_lock:
             try:
@@ -254,8 +254,8 @@ class Store:
         Close it when stopping early: that ends its git process."""
         loose = open_loose(self.path / "objects" / oid[:2] / oid[2:]) if is_git_id(oid) else None
         if loose is not None:
-            # git maps a loose object whole (its pages stay resident: a 300 MB blob cost git
-            # 290 MiB); read here, the file is inflated a piece at a time.
+            # git maps a loose object whole (its pages stay resident); read here, the file
+            # is inflated a piece at a time.
             with loose:
                 yield from loose_blob_pieces(loose, oid, chunk)
             return

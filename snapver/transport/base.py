@@ -197,19 +197,18 @@ _PAYLOAD_LOCK = threading.Lock()
 
 def agent_payload() -> tuple[bytes, bytes]:
     """``_agent_payload``, made once: the nodes of a fleet start at once, and each thread
-    that found the cache empty made it again (2-3 times per 16-node pull, ~3.5 ms each)."""
+    that found the cache empty would make it again."""
     with _PAYLOAD_LOCK:
         return _agent_payload()
 
 
 @cache
 def _agent_payload() -> tuple[bytes, bytes]:
-    """What the node is sent: the assembled source compressed (67 kB -> ~20 kB), then the same
-    code as this Python's bytecode (cached, else compiled here). A node whose Python has the same bytecode
-    magic runs the bytecode: compiling the source was ~16 ms of the node's CPU per
-    connection, on every command; any other node (or a bytecode part that does not load)
-    compiles the source, as before. Made when a node is first started, not at import
-    (~3 ms that commands which never connect need not pay)."""
+    """What the node is sent: the assembled source compressed, then the same code as this
+    Python's bytecode (cached, else compiled here). A node whose Python has the same
+    bytecode magic runs the bytecode (no compile on the node's CPU on every command); any
+    other node (or a bytecode part that does not load) compiles the source. Made when a
+    node is first started, not at import (commands which never connect need not pay)."""
     bytecode = _agent_bytecode() or _compiled_agent()
     return zlib.compress(assemble(), 6), zlib.compress(bytecode, 1)
 
@@ -225,10 +224,9 @@ INFLATE_AT_ONCE = 4 << 20
 @dataclass(frozen=True)
 class StatKeys:
     """A stat cache's keys as the agent's ``list`` takes them: their JSON text (a string of
-    "path NUL size mtime_ns ctime_ns ino mode" records, or an older version's
-    ``{"path": [size, mtime_ns, ctime_ns, ino, mode], ...}``) compressed with zlib, sent
-    as they are; and a function reading the cache's entries (None when they no longer
-    belong with these keys)."""
+    "path NUL size mtime_ns ctime_ns ino mode" records) compressed with zlib, sent as they
+    are; and a function reading the cache's entries (None when they no longer belong with
+    these keys)."""
 
     packed: bytes
     read_cache: Callable[[], dict[str, StatEntry] | None]
@@ -331,7 +329,7 @@ def deployment_pythons(site_packages: str | None) -> list[str]:
     """The interpreters that own ``site_packages`` by its layout, most specific first.
 
     Starting the deployment's own interpreter by path (rather than the first ``python3``
-    on PATH) records the right version and skips PATH shims (pyenv's costs ~75 ms).
+    on PATH) records the right version and skips PATH shims (pyenv's are slow).
     """
     match = _PREFIX_LAYOUT.match(site_packages or "")
     if not match:
@@ -567,8 +565,7 @@ class AgentTransport(Transport):
 
     def _request_with_keys(self, op: str, keys: bytes, **args: Any) -> Callable[[], dict[str, Any]]:
         """``request`` whose ``cache`` follows in a frame of its own: ``keys``, its JSON text
-        compressed with zlib as the store keeps it (torch's 12,016 keys: 1.5 MB of text,
-        ~11 ms of client CPU to compress again on every re-pull)."""
+        compressed with zlib as the store keeps it (not compressed again on every re-pull)."""
         args.setdefault("site_packages", self.spec.site_packages)
         head = json.dumps({"op": op, **args, "cache_frame": True}, ensure_ascii=True, separators=(",", ":"))
         data = head.encode("ascii")
@@ -976,8 +973,8 @@ def _text(value: Any) -> str:
 def _checked_rows(rows: Any) -> list[StatEntry]:
     """A listing's rows as StatEntry, each checked as ``_checked_row`` checks it.
 
-    Checked a column at a time (types, sizes, blob ids, encodings) in C: ~2.5x faster
-    than row by row, which a fleet pays for every node's thousands of rows. A listing
+    Checked a column at a time (types, sizes, blob ids, encodings) in C, not row by row:
+    a fleet pays this for every node's thousands of rows. A listing
     that fails a check goes row by row, for the error naming the first bad row.
     """
     if type(rows) is not list:
@@ -1000,7 +997,7 @@ def _checked_rows(rows: Any) -> list[StatEntry]:
 
 def _lower_hex(text: str) -> bool:
     """Only the digits 0-9a-f (``bytes.fromhex`` also takes capitals and spaces between
-    pairs, which change the case or the length): 5x faster than a regular expression."""
+    pairs, which change the case or the length); cheaper than a regular expression."""
     try:
         return len(bytes.fromhex(text)) * 2 == len(text) and text == text.lower()
     except ValueError:

@@ -3,7 +3,7 @@
 ``transport/base.py`` holds the protocol; the implementations (``local``, ``mux``,
 ``ssh``) import it, and this module imports them, so the protocol sits below them with
 no import circle. Each implementation is imported only when a node needs it (paramiko
-and Fabric cost ~150 ms of start-up).
+and Fabric are slow to import).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def open_transport(spec: NodeSpec) -> Transport:
         return MuxTransport(spec)
     from snapver.transport.early import EarlyConnection, is_ip_address
 
-    # A node named by its address: connecting begins now, while the import below (paramiko,
-    # Fabric: ~150 ms) runs. (A name could be an ssh_config alias: no lookup is made for it.)
+    # A node named by its address: connecting begins now, while the slow import below
+    # (paramiko, Fabric) runs. (A name could be an ssh_config alias: no lookup is made for it.)
     early = None
     if spec.host and is_ip_address(spec.host):
         early = EarlyConnection(spec.host, spec.port or 22, spec.tcp_connect_timeout)
@@ -61,8 +61,8 @@ class Starting:
     """Nodes' transports started (connected, their agents launched) each in a thread of
     its own while the command goes on preparing: importing its operation, opening and
     locking the store. Under the GIL that work runs while the connections wait on the
-    network and the nodes (key exchange, authentication, the node's shell): an unchanged
-    re-pull of torch starts listing ~40 ms sooner. A context manager: whatever was not
+    network and the nodes (key exchange, authentication, the node's shell), so a node
+    starts listing sooner. A context manager: whatever was not
     taken is closed on leaving (a thread still connecting closes its own when done).
     """
 

@@ -1,8 +1,8 @@
 """Modules a dependency imports at start-up but rarely uses, run when first used instead.
 
 Invoke (which paramiko and Fabric import) imports its vendored PyYAML, and that the
-system's C YAML binding, on every command: ~20 ms of CPU (regexes compiled, classes
-built) before each SSH connection, for a parser that reads only Fabric/Invoke YAML
+system's C YAML binding, on every command (regexes compiled, classes built) before
+each SSH connection, for a parser that reads only Fabric/Invoke YAML
 config files (``~/.fabric.yaml``, ``/etc/fabric.yml``...), which most users never write.
 
 A deferred module is created and bound where it is imported as usual, but its code runs

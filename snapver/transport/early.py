@@ -1,6 +1,6 @@
 """A TCP connection to a node's sshd, opened while paramiko and Fabric are imported.
 
-Importing them takes ~150 ms of a command's first connection, and the connection's first
+Importing them delays a command's first connection, and the connection's first
 round trip (TCP's handshake, then sshd's banner) need not wait for it: on a far link that
 is one round trip less for every command. Only for a node given by IP address (a name
 may be an ssh_config alias, not to be looked up), and the socket is used only if Fabric
@@ -41,7 +41,7 @@ class EarlyConnection:
         host, port = self.address
         try:
             # The address as bytes: a str is encoded with the "idna" codec first, whose
-            # import (stringprep, unicodedata) was ~2 ms of every command's CPU.
+            # import (stringprep, unicodedata) every command would pay.
             sock = socket.create_connection((host.encode("ascii"), port), timeout=timeout)  # type: ignore[arg-type]  # socket takes bytes; typeshed says str
         except OSError as exc:
             error = exc

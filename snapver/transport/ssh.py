@@ -34,19 +34,15 @@ from snapver.transport.early import EarlyConnection
 # would print it on stderr. The failure itself is raised and reported as one line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-# The window is what the node may send ahead of what we read: the client holds up to that
-# much. 4 MiB covers a round trip of 20 ms at 1.6 Gbit/s (100 ms: 320 Mbit/s), above what
-# paramiko decrypts in Python here (~150 MB/s); 16 MiB put a 1.14 GB first pull of torch at
-# ~130 MiB of client memory, 4 MiB (with RECV_AT_ONCE 1 MiB) at ~105, no slower on
-# loopback. (A 64 MiB window had the node's sshd growing its buffer to tens of MB.)
-# Large packets cut paramiko's per-packet Python cost (32 KiB: ~40 MB/s here, 256 KiB: ~150+).
+# The window is what the node may send ahead of what we read (the client holds up to that
+# much): enough for paramiko's decryption speed over a far link, small enough for memory
+# (bench/README.md, "Figures behind the code"). Large packets cut paramiko's per-packet cost.
 WINDOW_SIZE = 4 << 20
 # The most taken from the channel's buffer at once: a bytes object of this size per
-# receive, beside the channel's own buffer (16 MiB per receive put a 500 MB file's pull
-# at ~150 MiB of memory, 4 MiB at ~80; 1 MiB costs no more CPU than 4).
+# receive, beside the channel's own buffer (larger ones cost memory, not CPU).
 RECV_AT_ONCE = 1 << 20
 MAX_PACKET = 256 << 10
-# AES-GCM first: one pass instead of AES-CTR plus a separate HMAC (~1.5x here).
+# AES-GCM first: one pass instead of AES-CTR plus a separate HMAC.
 FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
@@ -57,8 +53,8 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     paramiko writes every SSH message with a send of its own; with Nagle's algorithm a
     small message that follows one not yet acknowledged waits for that ACK, which the
     server delays by up to 40 ms. The handshake did that twice (key exchange, service
-    request), and a third time the other way round (see _QuickAckSocket): ~130 ms of
-    every connection, on loopback as on a far link.
+    request), and a third time the other way round (see _QuickAckSocket), on every
+    connection, on loopback as on a far link.
     """
     transport = paramiko.Transport(_tuned(sock), **kwargs)
     options = transport.get_security_options()

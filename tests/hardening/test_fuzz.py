@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from snapver.config import Config, NodeSpec
 from snapver.errors import SnapverError
 from snapver.model import Entry, Manifest
-from snapver.ops.patch import Base, changes_from_diff
+from snapver.ops.patch.diffs import changes_from_diff
+from snapver.ops.patch.model import Base
 from snapver.refs import Resolver, parse_day
 from snapver.store.objects import blob_oid
 from snapver.store.records import format_message

@@ -204,13 +204,12 @@ def test_an_edit_in_the_tick_of_the_pull_keeping_size_and_mtime_is_rehashed(ssh_
     assert result.code == 0, result
 
 
-def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) -> None:
-    """A cache an older snapver wrote holds whole rows and has no keys file; an unchanged
-    re-pull trusts it (the node hashes nothing), leaves it as it is, and writes its keys,
-    with the cache's own time."""
+def test_a_cache_without_stat_keys_is_a_miss_and_an_unchanged_repull_writes_both_anew(ssh_pulled) -> None:
+    """A cache an older snapver wrote (whole rows, no version, no keys file) is a miss: an
+    unchanged re-pull re-reads the tree, finds it unchanged, and writes the cache and its
+    keys anew, of one listing, that the next listing trusts (the node hashes nothing)."""
     config, store = ssh_pulled
     keys_file, cache_file = stat_keys_path(store, "ct200"), stat_cache_path(store, "ct200")
-    written = keys_file.read_bytes()
     keys = parse_stat_keys(_keys_file(store)[1])
     cache = json.loads(cache_file.read_text())
     rows = {path: [*key, oid] for (path, key), oid in zip(keys.items(), cache["oids"], strict=False)}
@@ -219,8 +218,12 @@ def test_a_cache_without_stat_keys_gets_them_on_an_unchanged_repull(ssh_pulled) 
     kept = cache_file.read_bytes()
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "unchanged since" in result.out, result
-    assert cache_file.read_bytes() == kept
-    assert keys_file.read_bytes() == written
+    rewritten = json.loads(cache_file.read_text())
+    assert cache_file.read_bytes() != kept and "entries" not in rewritten and rewritten["v"] == 1
+    header, _ = _keys_file(store)
+    assert header["v"] == 1 and header["now_ns"] == rewritten["now_ns"] and header["commit"] == cache["commit"]
+    _, trusted, full = _listing(config)
+    assert trusted.hashed == 0 and {e.path: e.oid for e in trusted.entries} == {e.path: e.oid for e in full.entries}
 
 
 @pytest.mark.parametrize("change", ["delete", "add", "chmod", "link"])
@@ -357,17 +360,25 @@ def _trusted_then_one_change(config: Path, site: Path, store: Store) -> tuple[di
     return _keys_file(store)
 
 
-def test_stat_keys_an_older_snapver_wrote_are_still_trusted(pulled) -> None:
-    """Keys written as a JSON object of lists (before records) serve as they are: an
-    unchanged re-pull hashes nothing; the next snapshot's keys are records."""
+def test_stat_keys_an_older_snapver_wrote_are_a_miss(pulled) -> None:
+    """Keys an older snapver wrote (no version, a JSON object of lists) are a miss: the
+    node hashes every file and the listing is the truth; the re-pull writes keys of this
+    version (records), which the next listing trusts."""
     config, site = pulled
     store = Store(load_config(str(config)).store_path)
     keys_file = stat_keys_path(store, "ct200")
     header, text = _keys_file(store)
     assert text.startswith('"') and "zlib" not in header
-    keys_file.write_text(json.dumps(header) + "\n" + json.dumps(parse_stat_keys(text)))
-    header, text = _trusted_then_one_change(config, site, store)
-    assert text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
+    older = {key: value for key, value in header.items() if key not in ("v", "records_digest")}
+    keys_file.write_text(json.dumps(older) + "\n" + json.dumps(parse_stat_keys(text)))
+    _, trusted, full = _listing(config)
+    assert trusted.hashed == len(FILES) == full.hashed
+    assert {e.path: e.oid for e in trusted.entries} == {e.path: e.oid for e in full.entries}
+    result = run_inproc("--config", config, "pull", "ct200")
+    assert result.code == 0 and "unchanged since" in result.out, result
+    header, text = _keys_file(store)
+    assert header["v"] == 1 and text.startswith('"') and len(parse_stat_keys(text)) == len(FILES)
+    _trusted_then_one_change(config, site, store)
 
 
 def test_the_first_repull_keeps_the_keys_compressed_as_it_sent_them(pulled) -> None:
@@ -411,10 +422,10 @@ def test_damaged_stat_keys_are_no_keys(pulled, damage: str) -> None:
     assert result.code == 0 and "1 changed" in result.out, result
 
 
-def test_keys_carry_the_digest_of_their_records_and_keys_without_one_still_serve(pulled) -> None:
+def test_keys_carry_the_digest_of_their_records_and_keys_without_one_are_a_miss(pulled) -> None:
     """A pull writes its keys sorted, with the BLAKE2b the node compares its own records
-    with before it decodes them; keys written before that (no digest) are decoded and
-    trusted as they were."""
+    with before it decodes them; keys written before that (no digest) are a miss: the
+    re-pull writes them anew, with their digest."""
     config, site = pulled
     store = Store(load_config(str(config)).store_path)
     header, text = _keys_file(store)
@@ -425,6 +436,6 @@ def test_keys_carry_the_digest_of_their_records_and_keys_without_one_still_serve
         json.dumps({k: v for k, v in header.items() if k != "records_digest"}).encode() + b"\n" + text.encode())
     result = run_inproc("--config", config, "pull", "ct200")
     assert result.code == 0 and "unchanged since" in result.out, result
-    assert "records_digest" not in _keys_file(store)[0]
+    assert _keys_file(store)[0]["records_digest"] == records_digest(records)
     header, _ = _trusted_then_one_change(config, site, store)
     assert header["records_digest"] == records_digest(json.loads(_keys_file(store)[1]))

@@ -1,5 +1,5 @@
 """Stat keys as the node takes them (pure functions): records round-trip for any name a
-file can have, an older version's object still reads, and a damaged file is refused."""
+file can have, an older version's object is refused (a miss), and a damaged file is refused."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def test_records_round_trip():
     assert parse_stat_keys(stat_keys_text([])) == {}
 
 
-def test_an_older_versions_object_still_reads():
+def test_an_older_versions_object_is_refused():
     old = {path: list(key) for path, *key in KEYS}
-    assert parse_stat_keys(json.dumps(old)) == old
+    with pytest.raises(ValueError):
+        parse_stat_keys(json.dumps(old))
 
 
 @pytest.mark.parametrize("damaged", [

@@ -60,7 +60,7 @@ class Unsafe(AgentError):
 class At(object):
     """A name in an open folder (``dir_fd``); ``shown`` is its path for messages: a string,
     or a ``(tree, rel)`` pair joined only when shown (a listing makes one per file and
-    shows almost none: the join was ~10% of listing 12,000 files)."""
+    shows almost none)."""
 
     __slots__ = ("dir_fd", "name", "_shown")
 

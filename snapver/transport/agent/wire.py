@@ -4,8 +4,8 @@ Standard library only, Python 3.8+. It never writes unless asked to by a write o
 never follows symlinks. Protocol (both directions): a frame is a 4-byte big-endian
 length and that many bytes; a request or reply is one frame of JSON; a stream is a
 run of frames ended by an empty one. A request or reply of more than SQUEEZE_OVER
-bytes travels zlib-compressed, its length word marked by the top bit (a listing of the
-sglang tree: ~320 kB of JSON, ~70 kB on the wire). Paths travel as JSON strings decoded
+bytes travels zlib-compressed, its length word marked by the top bit (a listing's JSON
+shrinks several times). Paths travel as JSON strings decoded
 with ``surrogateescape`` (``ensure_ascii`` keeps lone surrogates intact).
 
 It ships as one script assembled from this package's parts (``assemble``); this first
@@ -57,7 +57,7 @@ def hashlib_module():
 
 def blake2b_256(data):
     # CPython's own BLAKE2 module, not hashlib: an unchanged re-pull hashes nothing else,
-    # and hashlib's import loads OpenSSL (~5 ms of the agent's CPU; _blake2: 0.4 ms).
+    # and hashlib's import loads OpenSSL, far slower to import than _blake2.
     try:
         from _blake2 import blake2b
     except ImportError:
