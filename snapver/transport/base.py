@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 
 from snapver import interrupt
 from snapver.config import NodeSpec
+from snapver.environment import Environment
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
 from snapver.transport.agent import assemble
@@ -131,6 +132,10 @@ class Transport(ABC):
     @abstractmethod
     def run_restart(self, command: str, timeout: float, deadline: float) -> dict[str, Any]:
         """Run a restart command where the node's service is managed from."""
+
+    @abstractmethod
+    def request_environment(self) -> Callable[[], Environment]:
+        """Ask now for the node's environment (Python, distributions, torch, GPU, kernel)."""
 
     def __enter__(self) -> Transport:
         self.open()
@@ -911,6 +916,19 @@ class AgentTransport(Transport):
         within ``deadline`` seconds. The reply:
         ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
         return self.call_within(deadline, "run", command=command, timeout=timeout)
+
+    def request_environment(self) -> Callable[[], Environment]:
+        """Ask the agent for the node's environment now; the function returned waits for it
+        (the agent bounds its one slow part, nvidia-smi, in time)."""
+        reply = self.request("env")
+
+        def environment() -> Environment:
+            try:
+                return Environment.from_json(reply().get("env"))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise TransportError(f"{self.spec.name}: malformed environment from the agent: {exc}") from None
+
+        return environment
 
 
 def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:

@@ -4,6 +4,7 @@ import gc
 import os
 import sys
 
+from .environ import op_env
 from .fsat import site_packages_of
 from .listing import op_list
 from .procs import ClientGone, op_health_url, op_ps, op_run
@@ -68,7 +69,8 @@ def op_ping(channel, request):
 
 OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
        "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run,
-       "compile": op_compile, "ps": op_ps, "health_url": op_health_url}
+       "compile": op_compile, "ps": op_ps, "health_url": op_health_url,
+       "env": op_env}
 
 
 def serve(channel):
