@@ -45,10 +45,11 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
 
 def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: datetime, paths: Iterable[str],
                   exclude: Iterable[str], manifest: Manifest, changed: int, event: dict[str, Any] | None = None,
-                  message: str = "") -> dict[str, Any]:
+                  message: str = "", env: str | None = None) -> dict[str, Any]:
     """A pulled snapshot's metadata: the node and what it reported (``info``), what the
     listing observed, the manifest's size; ``event`` (default ``{"event": "pull"}``) says
-    what took it and may add fields of its own."""
+    what took it and may add fields of its own; ``env``: the blob id of the environment it
+    recorded (``.snapver/env``)."""
     meta: dict[str, Any] = {
         "v": 1, "kind": "snapshot", "node": node, "host": host,
         "writer": writer,
@@ -61,6 +62,8 @@ def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: da
     }
     if message:
         meta["message"] = message
+    if env:
+        meta["env"] = env
     return meta
 
 

@@ -8,6 +8,7 @@ import stat
 import sys
 
 from .fsat import DIR_FLAGS, FILE_FLAGS, site_packages_of
+from .wire import AgentError
 
 MAX_DISTS = 2000  # distributions reported (the rest counted in a note)
 MAX_DIRS = 64  # folders of sys.path looked through
@@ -192,16 +193,29 @@ def _on_path(program):
     return None
 
 
-def run_bounded(argv, seconds):
-    """(stdout, "") of a command, or (None, why): killed with its process group after ``seconds``."""
+def start_smi():
+    """nvidia-smi asked for the GPUs now, in a process group of its own (so that the
+    distributions are read while it answers); None if there is none or it cannot start."""
+    import subprocess
+
+    smi = _on_path("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        return subprocess.Popen([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        return exc
+
+
+def smi_answer(child, seconds):
+    """(stdout, "") of nvidia-smi, or (None, why): killed with its process group after ``seconds``."""
     import signal
     import subprocess
 
-    try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, start_new_session=True)
-    except OSError as exc:
-        return None, "%s: %s" % (argv[0], exc.strerror or exc)
+    if isinstance(child, OSError):
+        return None, "nvidia-smi: %s" % (child.strerror or child)
     try:
         out, _ = child.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -212,18 +226,16 @@ def run_bounded(argv, seconds):
         if child.stdout is not None:
             child.stdout.close()  # a grandchild that left its group may still hold the pipe
         child.wait()
-        return None, "%s did not answer within %g s (stopped)" % (os.path.basename(argv[0]), seconds)
+        return None, "nvidia-smi did not answer within %g s (stopped)" % seconds
     if child.returncode != 0:
-        return None, "%s exited with %d" % (os.path.basename(argv[0]), child.returncode)
+        return None, "nvidia-smi exited with %d" % child.returncode
     return out[:65536], ""
 
 
-def gpu_facts(notes, seconds=GPU_SECONDS):
-    """GPUs from ``nvidia-smi`` (bounded in time), else the driver from /proc; None without either."""
-    smi = _on_path("nvidia-smi")
-    if smi is not None:
-        out, why = run_bounded([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                               seconds)
+def gpu_facts(child, notes, seconds=GPU_SECONDS):
+    """GPUs from nvidia-smi (``child``, bounded in time), else the driver from /proc; None without either."""
+    if child is not None:
+        out, why = smi_answer(child, seconds)
         if out is not None:
             gpus = []
             for line in out.decode("utf-8", "replace").splitlines()[:MAX_GPUS]:
@@ -264,6 +276,7 @@ def search_folders(site):
 
 
 def read_environment(site, gpu_seconds=GPU_SECONDS):
+    smi = start_smi()
     notes = []  # type: list[str]
     dists = []  # type: list[dict]
     seen = {}  # type: dict[str, int]
@@ -278,7 +291,7 @@ def read_environment(site, gpu_seconds=GPU_SECONDS):
         "kernel": clip(os.uname().release),
         "dists": sorted(dists, key=lambda row: row["name"].lower()),
         "torch": torch_build(folders),
-        "gpu": gpu_facts(notes, gpu_seconds),
+        "gpu": gpu_facts(smi, notes, gpu_seconds),
     }
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + ["%d more notes" % (len(notes) - MAX_NOTES)]
@@ -289,4 +302,8 @@ def read_environment(site, gpu_seconds=GPU_SECONDS):
 def op_env(channel, request):
     site = site_packages_of(request.get("site_packages"))
     seconds = min(GPU_SECONDS, float(request.get("gpu_seconds") or GPU_SECONDS))
-    channel.send({"env": read_environment(site, seconds)})
+    try:
+        found = read_environment(site, seconds)
+    except Exception as exc:  # noqa: BLE001 - an environment that cannot be read is the client's note
+        raise AgentError("environment: %s" % clip(repr(exc), MAX_URL))
+    channel.send({"env": found})
