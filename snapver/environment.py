@@ -171,3 +171,33 @@ class Environment:
             parts.append(f"driver {self.driver}")
         parts.append(f"{len(self.dists)} distributions")
         return ", ".join(parts)
+
+
+def item_order(name: str) -> tuple[int, str]:
+    """The facts first, in FACTS order; then distributions by name."""
+    return (FACTS.index(name), "") if name in FACTS else (len(FACTS), name)
+
+
+@dataclass(frozen=True)
+class EnvChange:
+    """One item that differs between two environments: added (``old`` None), removed
+    (``new`` None) or changed."""
+
+    item: str
+    old: str | None
+    new: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item": self.item, "old": self.old, "new": self.new}
+
+
+def env_changes(old: Environment, new: Environment) -> list[EnvChange]:
+    """What differs from ``old`` to ``new``, facts first, then distributions by name."""
+    before, after = old.items(), new.items()
+    names = sorted(set(before) | set(after), key=item_order)
+    return [EnvChange(name, before.get(name), after.get(name)) for name in names
+            if before.get(name) != after.get(name)]
+
+
+def distribution_changes(changes: list[EnvChange]) -> int:
+    return sum(1 for change in changes if change.item not in FACTS)

@@ -134,7 +134,7 @@ class Transport(ABC):
         """Run a restart command where the node's service is managed from."""
 
     @abstractmethod
-    def request_environment(self) -> Callable[[], Environment]:
+    def request_environment(self, within: float | None = None) -> Callable[[], Environment]:
         """Ask now for the node's environment (Python, distributions, torch, GPU, kernel)."""
 
     def __enter__(self) -> Transport:
@@ -917,14 +917,30 @@ class AgentTransport(Transport):
         ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
         return self.call_within(deadline, "run", command=command, timeout=timeout)
 
-    def request_environment(self) -> Callable[[], Environment]:
+    def request_environment(self, within: float | None = None) -> Callable[[], Environment]:
         """Ask the agent for the node's environment now; the function returned waits for it
-        (the agent bounds its one slow part, nvidia-smi, in time)."""
+        (the agent bounds its one slow part, nvidia-smi, in time), ``within`` seconds if
+        given, else the session is cut."""
         reply = self.request("env")
 
+        def answer() -> dict[str, Any]:
+            if within is None:
+                return reply()
+            with self._deadline(within) as expired:
+                try:
+                    found = reply()
+                except TransportError:
+                    if not expired.is_set():
+                        raise
+            if expired.is_set():
+                raise TransportError(f"{self.spec.name}: no answer to env within {within:g} s",
+                                     hint="the node or the link stalled; the session was ended")
+            return found
+
         def environment() -> Environment:
+            found = answer()
             try:
-                return Environment.from_json(reply().get("env"))
+                return Environment.from_json(found.get("env"))
             except (ValueError, TypeError, AttributeError) as exc:
                 raise TransportError(f"{self.spec.name}: malformed environment from the agent: {exc}") from None
 
