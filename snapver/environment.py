@@ -201,3 +201,18 @@ def env_changes(old: Environment, new: Environment) -> list[EnvChange]:
 
 def distribution_changes(changes: list[EnvChange]) -> int:
     return sum(1 for change in changes if change.item not in FACTS)
+
+
+def ground_changes(changes: list[EnvChange]) -> list[EnvChange]:
+    """The changes a plain diff reports: distributions, Python, torch's CUDA and the kernel
+    (the GPU and driver are read only by ``diff --env``: nvidia-smi is slow)."""
+    return [change for change in changes if change.item not in (GPU, DRIVER)]
+
+
+def changes_summary(changes: list[EnvChange]) -> str:
+    """``Python, 3 distributions``: what a list of changes touches."""
+    facts = [change.item for change in changes if change.item in FACTS]
+    count = distribution_changes(changes)
+    if count:
+        facts.append(f"{count} distribution{'s' if count != 1 else ''}")
+    return ", ".join(facts)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from wheelkit import build_named_wheel, build_wheel, make_venv, pip_install
@@ -77,3 +79,11 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def uninstall(python: Path, name: str) -> None:
+    """``pip uninstall NAME`` from the venv of ``python``."""
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", name],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr

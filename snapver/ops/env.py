@@ -17,11 +17,9 @@ from typing import Any
 from snapver.config import NodeSpec
 from snapver.environment import Environment, item_order, normalized
 from snapver.errors import SnapverError
-from snapver.transport.connect import open_transport
+from snapver.ops.envrecord import live_environment
 
 MAX_PARALLEL = 16
-# The agent stops nvidia-smi after 3 s; the rest (distributions) is milliseconds.
-ENV_DEADLINE = 30.0
 
 
 @dataclass
@@ -88,8 +86,7 @@ class EnvResult:
 def read_environment(spec: NodeSpec) -> NodeEnv:
     """A node's environment, live (its error when it cannot be read)."""
     try:
-        with open_transport(spec) as transport:
-            return NodeEnv(spec.name, transport.request_environment(within=ENV_DEADLINE)())
+        return NodeEnv(spec.name, live_environment(spec))
     except SnapverError as exc:
         return NodeEnv(spec.name, error=exc)
 

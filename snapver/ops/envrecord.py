@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from snapver.config import NodeSpec
 from snapver.environment import ENV_PATH, Environment
 from snapver.errors import StoreError
 from snapver.store.cache import ENV_CACHE_VERSION, env_cache_path, of_version, write_atomic
 from snapver.store.repo import Store
+from snapver.transport.connect import open_transport
+
+# The agent stops nvidia-smi after 3 s; the rest (distributions) is milliseconds.
+ENV_DEADLINE = 30.0
 
 
 def recorded_env_oid(store: Store, node: str, commit: str) -> str | None:
@@ -47,3 +52,9 @@ def snapshot_environment(store: Store, commit: str, meta: dict[str, Any] | None 
         return Environment.from_blob(store.read_blob(f"{commit}:{ENV_PATH}"))
     except (StoreError, ValueError):
         return None
+
+
+def live_environment(spec: NodeSpec) -> Environment:
+    """A node's environment, read now on a connection of its own."""
+    with open_transport(spec) as transport:
+        return transport.request_environment(within=ENV_DEADLINE)()

@@ -134,7 +134,7 @@ class Transport(ABC):
         """Run a restart command where the node's service is managed from."""
 
     @abstractmethod
-    def request_environment(self, within: float | None = None) -> Callable[[], Environment]:
+    def request_environment(self, within: float | None = None, gpu: bool = True) -> Callable[[], Environment]:
         """Ask now for the node's environment (Python, distributions, torch, GPU, kernel)."""
 
     def __enter__(self) -> Transport:
@@ -917,11 +917,11 @@ class AgentTransport(Transport):
         ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
         return self.call_within(deadline, "run", command=command, timeout=timeout)
 
-    def request_environment(self, within: float | None = None) -> Callable[[], Environment]:
+    def request_environment(self, within: float | None = None, gpu: bool = True) -> Callable[[], Environment]:
         """Ask the agent for the node's environment now; the function returned waits for it
         (the agent bounds its one slow part, nvidia-smi, in time), ``within`` seconds if
-        given, else the session is cut."""
-        reply = self.request("env")
+        given, else the session is cut. Without ``gpu``: no GPU or driver (nvidia-smi not run)."""
+        reply = self.request("env", gpu=gpu)
 
         def answer() -> dict[str, Any]:
             if within is None:

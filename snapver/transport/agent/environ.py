@@ -275,8 +275,8 @@ def search_folders(site):
     return unique[:MAX_DIRS]
 
 
-def read_environment(site, gpu_seconds=GPU_SECONDS):
-    smi = start_smi()
+def read_environment(site, gpu_seconds=GPU_SECONDS, gpu=True):
+    smi = start_smi() if gpu else None
     notes = []  # type: list[str]
     dists = []  # type: list[dict]
     seen = {}  # type: dict[str, int]
@@ -291,7 +291,7 @@ def read_environment(site, gpu_seconds=GPU_SECONDS):
         "kernel": clip(os.uname().release),
         "dists": sorted(dists, key=lambda row: row["name"].lower()),
         "torch": torch_build(folders),
-        "gpu": gpu_facts(smi, notes, gpu_seconds),
+        "gpu": gpu_facts(smi, notes, gpu_seconds) if gpu else None,
     }
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES] + ["%d more notes" % (len(notes) - MAX_NOTES)]
@@ -303,7 +303,7 @@ def op_env(channel, request):
     site = site_packages_of(request.get("site_packages"))
     seconds = min(GPU_SECONDS, float(request.get("gpu_seconds") or GPU_SECONDS))
     try:
-        found = read_environment(site, seconds)
+        found = read_environment(site, seconds, request.get("gpu", True) is not False)
     except Exception as exc:  # noqa: BLE001 - an environment that cannot be read is the client's note
         raise AgentError("environment: %s" % clip(repr(exc), MAX_URL))
     channel.send({"env": found})
