@@ -21,7 +21,7 @@ Each scenario runs on two networks: `loopback` (straight to sshd) and `rtt20` (t
 bench/delay_proxy.py: 10 ms each way). Cases run interleaved (one run of each per
 round, after one warm-up round), and every snapver scenario has a second snapver row,
 `snapver (persistent)`, with `control_persist = 600` on the nodes; with --env-cost the
-pulls have a third, `snapver (environment off)`: nodes with `environment = false`, so that
+pulls and status have a third, `snapver (environment off)`: nodes with `environment = false`, so that
 `snapver` / it is what recording the environment with each snapshot costs. scp-based cases over
 rtt20 take minutes per run (a few round trips per file), so they run --slow-runs times
 (default 1), after the interleaved rounds. Timed snapver runs get SNAPVER_AUTO_GC=0.
@@ -84,6 +84,7 @@ BARS = [
     ("re-pull", "loopback", "snapver", NOENV, "<=", 1.05),
     ("change-pull", "loopback", "snapver", NOENV, "<=", 1.05),
     ("first-pull", "loopback", "snapver", NOENV, "<=", 1.05),
+    ("status", "loopback", "snapver", NOENV, "<=", 1.05),
     ("re-pull", "rtt20", "snapver", "rsync -a", "<=", 1.0),
     ("diff", "rtt20", "scp -r + diff -rq", "snapver", ">=", 50.0),
 ]
@@ -451,9 +452,9 @@ def status(suite: Suite, net: Network) -> None:
     suite.change_file(NODE)
     wanted = {NODE: ["server_args.py"], **{n: [] for n in NODES if n != NODE}}
 
-    def snapver_status(persistent: bool) -> Callable[[int], int]:
+    def snapver_status(persistent: bool, noenv: bool = False) -> Callable[[int], int]:
         def body(_round: int) -> int:
-            done, peak = suite.snapver(net, "status", "--json", persistent=persistent, codes=(1,))
+            done, peak = suite.snapver(net, "status", "--json", persistent=persistent, noenv=noenv, codes=(1,))
             rows = json.loads(done.stdout)["nodes"]
             _expect("snapver status drift", {r["node"]: [d["path"].rsplit("/", 1)[-1] for d in r["drift"] or []]
                                              for r in rows}, wanted)
@@ -479,9 +480,11 @@ def status(suite: Suite, net: Network) -> None:
     suite.measure("status", net, [
         ("snapver", snapver_status(False), None, False),
         (PERSIST, snapver_status(True), None, False),
+        *([(NOENV, snapver_status(False, noenv=True), None, False)] if suite.env_cost else []),
         ("rsync -anc -i x2", rsync, None, False),
         ("scp -r + diff -rq x2", manual, fresh, True),
-    ], {"snapver": "rsync -anc -i x2", PERSIST: "rsync -anc -i x2", "scp -r + diff -rq x2": "snapver"})
+    ], {"snapver": "rsync -anc -i x2", PERSIST: "rsync -anc -i x2", "scp -r + diff -rq x2": "snapver",
+        NOENV: "snapver"})
 
 
 def push(suite: Suite, net: Network) -> None:

@@ -25,8 +25,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from snapver.config import Config, NodeSpec
+from snapver.environment import Environment
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
+from snapver.ops.envrecord import environment_or_none, group_outlier_notes
 from snapver.ops.ledger import newest_record
 from snapver.ops.live import request_live
 from snapver.ops.log import tags_by_commit
@@ -143,6 +145,7 @@ class NodeStatus:
     transport: Transport | None = field(default=None, repr=False)
     record: dict[str, RecordEntry] | None = field(default=None, repr=False)
     record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
+    environment: Environment | None = field(default=None, repr=False)  # read with the listing (no GPU)
 
     @property
     def drifted(self) -> bool:
@@ -232,6 +235,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             for algo, oids in _unknown_blobs(rows, digests).items():
                 digests.learn_from_store(algo, oids)
             list(pool.map(lambda row: _judge_node(row, reference, patches, digests, store), rows))
+            _note_group_outliers(rows, config)
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -244,6 +248,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
         row.transport = open_transport(spec).start()
+        # In the listing's round trip (no nvidia-smi): how the node's ground compares with its group's.
+        asked = row.transport.request_environment(gpu=False) if spec.environment else None
         # heads: the newest snapshot of any writer's, as request_live would read them again per node.
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum, heads.get(spec.name))
         # The store is read while the node starts up and lists.
@@ -265,6 +271,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
                           if want_record and info.dists else None)
         row.reachable = True
         row.dist = info.dist_summary()
+        row.environment = environment_or_none(asked, row.transport)
         row.live = live_manifest(listing())
         row.files = len(row.live)
         digests = record_digests()["hashes"] if record_digests is not None else None
@@ -291,6 +298,13 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+
+
+def _note_group_outliers(rows: list[NodeStatus], config: Config | None) -> None:
+    """A node whose distributions are not what most of its group has gets a note each."""
+    environments = {row.node: row.environment for row in rows if row.environment is not None}
+    for node, notes in group_outlier_notes(environments, config.groups if config else {}).items():
+        next(row for row in rows if row.node == node).notes.extend(notes)
 
 
 def _drift(row: NodeStatus, spec: NodeSpec, snapshot: Manifest, scope: Scope) -> list[Change]:

@@ -9,17 +9,17 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from snapver.config import Config
 from snapver.environment import Environment
-from snapver.errors import SnapverError, TransportError, UsageError
+from snapver.errors import SnapverError, UsageError
 from snapver.folders import tracked_paths
 from snapver.model import Entry, Manifest, is_safe_relpath
-from snapver.ops.envrecord import snapshot_environment
+from snapver.ops.envrecord import environment_or_none, snapshot_environment
 from snapver.ops.live import request_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, owner_scope
 from snapver.refs import TreeRef
@@ -92,7 +92,7 @@ def load_sides(store: Store | None, config: Config, trees: list[TreeRef], checks
                 asked = side.transport.request_environment(gpu=False) if environments and side.node else None
                 # A folder has no stat cache in the store: it is hashed in full.
                 listing = request_live(store if side.node else None, side.transport, checksum)
-                side.environment = _environment_or_none(asked, side.transport)
+                side.environment = environment_or_none(asked, side.transport)
                 side.manifest = live_manifest(listing())
             else:
                 assert store is not None and side.ref.commit is not None
@@ -113,19 +113,6 @@ def load_sides(store: Store | None, config: Config, trees: list[TreeRef], checks
                 side.transport.close()
         raise errors[0]
     return sides
-
-
-def _environment_or_none(asked: Callable[[], Environment] | None, transport: Transport) -> Environment | None:
-    """A live side's environment, if asked for and answered: only ever a note beside the
-    diff (an agent still in step after refusing it is no failure of the diff)."""
-    if asked is None:
-        return None
-    try:
-        return asked()
-    except TransportError:
-        if transport.is_open:
-            return None
-        raise
 
 
 def side_scope(store: Store | None, config: Config, side: Side) -> Scope:
