@@ -43,9 +43,8 @@ def diff(
 
     Examples:
       snapver diff ct200              # live tree against its newest snapshot
-      snapver diff may22 ct200 --stat # a tag against a live tree
       snapver diff ct200 ct129 -- sglang/srt/layers/attention
-      snapver diff ct200@may22 ct200 --env   # what pip changed under the tree since
+      snapver diff may22 ct200 --env  # what changed under the tree since a tag
     """
     from snapver.errors import UsageError
     from snapver.transport.connect import Starting
