@@ -1,7 +1,7 @@
 """The snapver benchmark suite: every scenario, over loopback and over 20 ms of RTT.
 
     python3 bench/suite.py [--runs N] [--slow-runs M] [--json] [--scenario NAME ...]
-                           [--rtt-only | --loopback-only] [--keep]
+                           [--rtt-only | --loopback-only] [--keep] [--env-cost]
 
 On the real sglang/srt tree (the wheel in ../shared/fixtures, unpacked as the test
 fixture does) behind a loopback OpenSSH server, snapver against the tools it replaces:
@@ -23,7 +23,9 @@ fixture does) behind a loopback OpenSSH server, snapver against the tools it rep
 Each scenario runs on two networks: `loopback` (straight to sshd) and `rtt20` (through
 bench/delay_proxy.py: 10 ms each way). Cases run interleaved (one run of each per
 round, after one warm-up round), and every snapver scenario has a second snapver row,
-`snapver (persistent)`, with `control_persist = 600` on the nodes. scp-based cases over
+`snapver (persistent)`, with `control_persist = 600` on the nodes; with --env-cost the
+pulls and status have a third, `snapver (environment off)`: nodes with `environment = false`, so that
+`snapver` / it is what recording the environment with each snapshot costs. scp-based cases over
 rtt20 take minutes per run (a few round trips per file), so they run --slow-runs times
 (default 1), after the interleaved rounds. Timed snapver runs get SNAPVER_AUTO_GC=0.
 
@@ -75,6 +77,7 @@ PUSHED = ("sglang/srt/speculative/dflash_worker_v2.py",
           "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py")
 PROXY_DELAY_MS = 10.0
 PERSIST = "snapver (persistent)"
+NOENV = "snapver (environment off)"  # --env-cost: nodes with environment = false
 
 # The bars: (scenario, network, numerator, denominator, op, limit)
 BARS = [
@@ -82,6 +85,10 @@ BARS = [
     ("re-pull", "loopback", "snapver", "rsync -a", "<=", 2.0),
     ("diff", "loopback", "snapver", "rsync -anc -i", "<=", 2.0),
     ("first-pull", "rtt20", "snapver", "rsync -a", "<=", 1.0),
+    ("re-pull", "loopback", "snapver", NOENV, "<=", 1.05),
+    ("change-pull", "loopback", "snapver", NOENV, "<=", 1.05),
+    ("first-pull", "loopback", "snapver", NOENV, "<=", 1.05),
+    ("status", "loopback", "snapver", NOENV, "<=", 1.05),
     ("re-pull", "rtt20", "snapver", "rsync -a", "<=", 1.0),
     ("diff", "rtt20", "scp -r + diff -rq", "snapver", ">=", 50.0),
     *container.CONTAINER_BARS,
@@ -144,12 +151,17 @@ class Network:
     def persist_config(self) -> Path:
         return self.project / "persist.snapver"
 
+    @property
+    def noenv_config(self) -> Path:
+        return self.project / "noenv.snapver"
+
 
 class Suite:
     """The nodes, the networks and the commands every scenario uses."""
 
-    def __init__(self, env: BenchEnv, runs: int, slow_runs: int) -> None:
+    def __init__(self, env: BenchEnv, runs: int, slow_runs: int, env_cost: bool = False) -> None:
         self.env = env
+        self.env_cost = env_cost  # pulls also timed with environment = false (what recording it costs)
         self.runs = runs
         self.slow_runs = slow_runs
         self.sites: dict[str, Path] = {}
@@ -170,7 +182,8 @@ class Suite:
                 endpoints = self.start_proxy()
             network = Network(name, endpoints, self.env.work / name / "project", self.env.work / name / "copies")
             network.copies.mkdir(parents=True)
-            for config, extra in ((network.config, {}), (network.persist_config, {"control_persist": 600})):
+            for config, extra in ((network.config, {}), (network.persist_config, {"control_persist": 600}),
+                                  (network.noenv_config, {"environment": False})):
                 nodes = {n: {**self.env.node_table(n, self.sites[n], **extra),
                              "host": endpoints[n][0], "port": endpoints[n][1]} for n in NODES}
                 config.parent.mkdir(parents=True, exist_ok=True)
@@ -223,9 +236,9 @@ class Suite:
             Path(path).unlink(missing_ok=True)
 
     # -- commands -----------------------------------------------------------------------
-    def snapver(self, network: Network, *args: str, persistent: bool = False,
+    def snapver(self, network: Network, *args: str, persistent: bool = False, noenv: bool = False,
                 codes: Sequence[int] = (0,)) -> tuple[subprocess.CompletedProcess[bytes], int]:
-        config = network.persist_config if persistent else network.config
+        config = network.persist_config if persistent else network.noenv_config if noenv else network.config
         env = {**self.env.env(), "SNAPVER_AUTO_GC": "0"}
         done, peak = run_measured([*self.env.snapver_argv, "--config", str(config), *args],
                                   check=False, cwd=network.project, env=env)
@@ -320,9 +333,9 @@ def first_pull(suite: Suite, net: Network) -> None:
     rsync_copy, scp_copy = net.copies / "first-rsync", net.copies / "first-scp"
     files = sum(1 for p in suite.tree(NODE).rglob("*") if not p.is_dir())
 
-    def pull(persistent: bool) -> Callable[[int], int]:
+    def pull(persistent: bool, noenv: bool = False) -> Callable[[int], int]:
         def body(_round: int) -> int:
-            done, peak = suite.snapver(net, "pull", "--json", NODE, persistent=persistent)
+            done, peak = suite.snapver(net, "pull", "--json", NODE, persistent=persistent, noenv=noenv)
             _expect("first pull fetched", _pull_document(done)[0]["fetched_files"], files)
             return peak
         return body
@@ -343,9 +356,10 @@ def first_pull(suite: Suite, net: Network) -> None:
     suite.measure("first-pull", net, [
         ("snapver", pull(False), fresh(store), False),
         (PERSIST, pull(True), fresh(store), False),
+        *([(NOENV, pull(False, noenv=True), fresh(store), False)] if suite.env_cost else []),
         ("rsync -a", rsync, fresh(rsync_copy), False),
         ("scp -r", scp, fresh(scp_copy), True),
-    ], {"snapver": "rsync -a", PERSIST: "rsync -a", "scp -r": "snapver"})
+    ], {"snapver": "rsync -a", PERSIST: "rsync -a", "scp -r": "snapver", NOENV: "snapver"})
 
 
 def _repull(suite: Suite, net: Network, scenario: str, changed: bool) -> None:
@@ -354,9 +368,9 @@ def _repull(suite: Suite, net: Network, scenario: str, changed: bool) -> None:
     suite.sync_copy(NODE, copy)
     change = (lambda _round: suite.change_file()) if changed else None
 
-    def pull(persistent: bool) -> Callable[[int], int]:
+    def pull(persistent: bool, noenv: bool = False) -> Callable[[int], int]:
         def body(_round: int) -> int:
-            done, peak = suite.snapver(net, "pull", "--json", NODE, persistent=persistent)
+            done, peak = suite.snapver(net, "pull", "--json", NODE, persistent=persistent, noenv=noenv)
             node = _pull_document(done)[0]
             if changed:
                 _expect("changed pull fetched", (node["fetched_files"], bool(node["snapshot"])), (1, True))
@@ -374,8 +388,9 @@ def _repull(suite: Suite, net: Network, scenario: str, changed: bool) -> None:
     suite.measure(scenario, net, [
         ("snapver", pull(False), change, False),
         (PERSIST, pull(True), change, False),
+        *([(NOENV, pull(False, noenv=True), change, False)] if suite.env_cost else []),
         ("rsync -a", rsync, change, False),
-    ], {"snapver": "rsync -a", PERSIST: "rsync -a"})
+    ], {"snapver": "rsync -a", PERSIST: "rsync -a", NOENV: "snapver"})
 
 
 def re_pull(suite: Suite, net: Network) -> None:
@@ -442,9 +457,9 @@ def status(suite: Suite, net: Network) -> None:
     suite.change_file(NODE)
     wanted = {NODE: ["server_args.py"], **{n: [] for n in NODES if n != NODE}}
 
-    def snapver_status(persistent: bool) -> Callable[[int], int]:
+    def snapver_status(persistent: bool, noenv: bool = False) -> Callable[[int], int]:
         def body(_round: int) -> int:
-            done, peak = suite.snapver(net, "status", "--json", persistent=persistent, codes=(1,))
+            done, peak = suite.snapver(net, "status", "--json", persistent=persistent, noenv=noenv, codes=(1,))
             rows = json.loads(done.stdout)["nodes"]
             _expect("snapver status drift", {r["node"]: [d["path"].rsplit("/", 1)[-1] for d in r["drift"] or []]
                                              for r in rows}, wanted)
@@ -470,9 +485,11 @@ def status(suite: Suite, net: Network) -> None:
     suite.measure("status", net, [
         ("snapver", snapver_status(False), None, False),
         (PERSIST, snapver_status(True), None, False),
+        *([(NOENV, snapver_status(False, noenv=True), None, False)] if suite.env_cost else []),
         ("rsync -anc -i x2", rsync, None, False),
         ("scp -r + diff -rq x2", manual, fresh, True),
-    ], {"snapver": "rsync -anc -i x2", PERSIST: "rsync -anc -i x2", "scp -r + diff -rq x2": "snapver"})
+    ], {"snapver": "rsync -anc -i x2", PERSIST: "rsync -anc -i x2", "scp -r + diff -rq x2": "snapver",
+        NOENV: "snapver"})
 
 
 def push(suite: Suite, net: Network) -> None:
@@ -618,6 +635,8 @@ def main() -> int:
     only.add_argument("--rtt-only", action="store_true", help="only through the 20 ms RTT delay proxy")
     only.add_argument("--loopback-only", action="store_true", help="only over plain loopback")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--env-cost", action="store_true",
+                        help="also time each pull with environment = false (what recording the environment costs)")
     add_node_home_option(parser)
     args = parser.parse_args()
     if args.runs < 1:
@@ -628,7 +647,7 @@ def main() -> int:
     load_before = uptime()
     print(f"start: {load_before}", file=sys.stderr)
     with bench_env(keep=args.keep, node_home=args.node_home, client=args.client_python) as env:
-        suite = Suite(env, args.runs, args.slow_runs)
+        suite = Suite(env, args.runs, args.slow_runs, env_cost=args.env_cost)
         try:
             missing = missing_commands(env)
             suite.build(networks)

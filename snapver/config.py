@@ -40,6 +40,7 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "host_key_policy": (str, '"strict" or "accept-new"'),
     "connect_timeout": ((int, float), "a number of seconds"),
     "compress": (str, '"auto", "zlib" or "none"'),
+    "environment": (bool, "true or false"),
     "control_persist": ((int, float), "a number of seconds (0: off)"),
     "restart": (str, "a shell command"),
     "health": (str, "a shell command"),
@@ -76,6 +77,7 @@ class NodeSpec:
     host_key_policy: str = "strict"
     connect_timeout: float = 10.0
     compress: str = "auto"
+    environment: bool = True  # each snapshot records the environment under the tree
     control_persist: float = 0.0
     restart: str | None = None  # run on the node after a push or rollback writes it
     health: str | None = None  # a shell command on the node: exit 0 = healthy
@@ -497,6 +499,7 @@ def _node_spec(name: str, merged: dict[str, Any], prefix: str, fail: Any, folder
         host_key_policy=policy,
         connect_timeout=float(timeout),
         compress=compress,
+        environment=merged.get("environment", True),
         control_persist=float(persist),
         restart=merged.get("restart"),
         health=merged.get("health"),

@@ -15,15 +15,21 @@ from pathlib import Path
 
 def build_wheel(folder: Path, version: str, files: dict[str, str]) -> Path:
     """``sglang-VERSION-py3-none-any.whl`` holding ``files`` plus sglang/version.py."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist_info = f"sglang-{version}.dist-info"
     members = {**files, "sglang/__init__.py": "from sglang.version import __version__\n",
                "sglang/version.py": f'__version__ = "{version}"\n'}
-    members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n\n"
+    return build_named_wheel(folder, "sglang", version, members)
+
+
+def build_named_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """``NAME-VERSION-py3-none-any.whl`` holding ``files`` (top-level package: NAME)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist_info = f"{name}-{version}.dist-info"
+    members = dict(files)
+    members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n"
     members[f"{dist_info}/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: wheelkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )
-    members[f"{dist_info}/top_level.txt"] = "sglang\n"
+    members[f"{dist_info}/top_level.txt"] = f"{name}\n"
     rows = []
     for path, text in members.items():
         data = text.encode()
@@ -31,7 +37,7 @@ def build_wheel(folder: Path, version: str, files: dict[str, str]) -> Path:
         rows.append(f"{path},sha256={digest},{len(data)}")
     rows.append(f"{dist_info}/RECORD,,")
     members[f"{dist_info}/RECORD"] = "\n".join(rows) + "\n"
-    wheel = folder / f"sglang-{version}-py3-none-any.whl"
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, text in members.items():
             archive.writestr(path, text)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 COMMANDS = {
     "init": "init", "nodes": "nodes", "pull": "pull", "log": "log", "show": "show",
     "tag": "tag", "diff": "diff", "status": "status", "verify": "verify", "patch": "patch", "push": "push",
-    "rollback": "push", "ps": "ps", "import": "importdir", "sync": "sync", "fsck": "fsck",
+    "rollback": "push", "ps": "ps", "env": "env", "import": "importdir", "sync": "sync", "fsck": "fsck",
 }
 # Modules of snapver/cli/ that register no command.
 NOT_COMMANDS = {"app", "state", "render", "options", "completion"}

@@ -36,13 +36,15 @@ def diff(
     root: str | None = typer.Option(None, "--root", metavar="PREFIX",
                                        help="A folder ref is site-packages/PREFIX (e.g. sglang/srt; `.`: a "
                                        "site-packages), instead of the matched layout."),
+    env: bool = typer.Option(False, "--env", help="Compare the environments under the trees instead: "
+                             "distributions, Python, torch's CUDA, GPU, driver, kernel."),
 ) -> int:
     """Compare two trees by content: exit 0 identical, 1 different.
 
     Examples:
       snapver diff ct200              # live tree against its newest snapshot
-      snapver diff may22 ct200 --stat # a tag against a live tree
       snapver diff ct200 ct129 -- sglang/srt/layers/attention
+      snapver diff may22 ct200 --env  # what changed under the tree since a tag
     """
     from snapver.errors import UsageError
     from snapver.transport.connect import Starting
@@ -54,6 +56,8 @@ def diff(
     if sum((name_status, stat, quiet, json_out)) > 1:
         raise UsageError("choose one of --name-status, --stat, -q and --json")
     config = STATE.config()
+    if env:
+        return _env_diff(config, refs, paths, json_out, quiet or name_status or stat)
     # Connecting to the nodes the refs name live begins now, while the diff's modules load
     # and the store is read (the resolver decides; a connection it does not use is closed).
     live = dict.fromkeys(node for node in map(_live_node_named, refs) if node in config.nodes)
@@ -67,6 +71,7 @@ def diff(
     code = outcome(result.exit_code)
     if not json_out and not quiet:
         _report_selection(result)
+        _report_environment(result, refs)
     if json_out:
         emit_json(result.to_json())
     elif quiet:
@@ -80,6 +85,48 @@ def diff(
     if same and not (json_out or quiet):
         _identical(result)
     return code
+
+
+def _env_diff(config: Any, refs: list[str], paths: list[str], json_out: bool, quiet: bool) -> int:
+    """`diff --env`: what changed under the trees, one line per item."""
+    from snapver.errors import UsageError
+    from snapver.ops.diff import env_diff
+
+    if paths:
+        raise UsageError("--env compares environments: it takes no paths", hint="snapver diff A B --env")
+    result = env_diff(_store_if_any(config), config, refs[0], refs[1] if len(refs) > 1 else None)
+    code = outcome(result.exit_code)
+    if json_out:
+        emit_json(result.to_json())
+    elif not quiet:
+        out = console()
+        for change in result.changes:
+            out.print(escape(env_change_line(change)))
+    return code
+
+
+def env_change_line(change: Any) -> str:
+    """``torch 2.9.0+cu128 → 2.9.1+cu128``, ``+ name 0.5.0``, ``- name 0.4.0`` (quoted)."""
+    from snapver.model import quote_controls
+
+    item = quote_controls(change.item)
+    if change.old is None:
+        return f"+ {item} {quote_controls(change.new)}"
+    if change.new is None:
+        return f"- {item} {quote_controls(change.old)}"
+    return f"{item} {quote_controls(change.old)} \u2192 {quote_controls(change.new)}"
+
+
+def _report_environment(result: Any, refs: list[str]) -> None:
+    """On stderr, one line when the ground under the trees moved: a code diff alone would not say."""
+    import shlex
+
+    from snapver.environment import changes_summary
+    from snapver.model import quote_controls
+
+    if result.env_changes:
+        command = quote_controls(shlex.join(["snapver", "diff", *refs, "--env"]))
+        console(stderr=True).print(escape(f"environment differs: {changes_summary(result.env_changes)} ({command})"))
 
 
 def _live_node_named(ref: str) -> str:

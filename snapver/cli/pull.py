@@ -10,6 +10,7 @@ from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
 from snapver.cli.render import PlainConsole, console, emit_json, escape, human_bytes
 from snapver.cli.state import STATE
+from snapver.model import quote_controls
 
 if TYPE_CHECKING:
     from snapver.config import Config, NodeSpec
@@ -134,6 +135,8 @@ def summary_line(result: object) -> str:
     stats = (f"{result.files} files, {result.changed} changed, "
              f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire), "
              f"{result.seconds:.1f} s")
+    note = f"\n{name}: {escape(quote_controls(result.env_note))}" if result.env_note else ""
     if result.unchanged_since:
-        return f"{name}: unchanged since {result.unchanged_since[:10]} — {stats}"
-    return f"{name}: snapshot [bold]{result.snapshot[:10] if result.snapshot else '?'}[/bold] — {stats}"
+        return f"{name}: unchanged since {result.unchanged_since[:10]} — {stats}{note}"
+    moved = ", environment changed" if result.env_changed else ""
+    return f"{name}: snapshot [bold]{result.snapshot[:10] if result.snapshot else '?'}[/bold] — {stats}{moved}{note}"

@@ -89,7 +89,8 @@ def show(
         emit_json({**info.to_json(), "parent": result.parent,
                    "changes": None if result.changes is None else result.changes.to_json()["changes"],
                    "manifest": [{"path": e.path, "kind": e.kind, "mode": f"{e.mode:o}", "size": e.size,
-                                 "blake3": e.digest} for e in result.manifest or []], "exit_code": 0})
+                                 "blake3": e.digest} for e in result.manifest or []],
+                   "environment": result.environment.to_json() if result.environment else None, "exit_code": 0})
         return 0
     out = console()
     meta = info.meta
@@ -116,6 +117,9 @@ def show(
         fields.append(("exclude", (show_list(map(str, meta["exclude"])) or "nothing") if "exclude" in meta
                        else "not recorded"))
     fields.append(("files", files))
+    if meta.get("kind") != "patch":
+        fields.append(("environment", show_path(result.environment.summary()) if result.environment
+                       else "not recorded"))
     for label, value in fields:
         out.print(f"{label + ':':<15}{value}")
     if info.tags:

@@ -15,10 +15,12 @@ import difflib
 import os
 import stat
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from snapver.config import Config
+from snapver.environment import EnvChange, Environment, env_changes, ground_changes
 from snapver.errors import UsageError
 from snapver.model import (
     ADDED,
@@ -34,6 +36,7 @@ from snapver.model import (
     compare_manifests,
     quote_path,
 )
+from snapver.ops.envrecord import live_environment, snapshot_environment
 from snapver.ops.scope import LeftOut, unrecorded_note, within_both
 from snapver.ops.trees import (
     Side,
@@ -86,6 +89,8 @@ class DiffResult:
     # config now): neither compared nor reported as changes.
     not_compared: list[LeftOut] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # one line each, for stderr
+    # What moved under the trees, when both sides have an environment (GPU and driver aside).
+    env_changes: list[EnvChange] | None = None
 
     @property
     def compared(self) -> list[str]:
@@ -124,7 +129,9 @@ class DiffResult:
         return {"a": self.a.to_json(), "b": self.b.to_json(), "paths": list(self.paths),
                 "matched": self.matched, "same": self.same,
                 "not_compared": {"count": len(left), "paths": left, "notes": self.notes},
-                "identical": self.identical, "changes": changes, "exit_code": self.exit_code}
+                "identical": self.identical, "changes": changes,
+                "environment": None if self.env_changes is None else [c.to_json() for c in self.env_changes],
+                "exit_code": self.exit_code}
 
 
 # -- the operation ---------------------------------------------------------------------------
@@ -155,7 +162,7 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         ref_b = resolver.tree(b)
     sides: list[Side] = []
     try:
-        sides = load_sides(store, config, [ref_a, ref_b], checksum, starting)
+        sides = load_sides(store, config, [ref_a, ref_b], checksum, starting, environments=True)
         side_a, side_b = sides
         _scope_to_folders(side_a, side_b)
         left_out, notes = _within_both_scopes(store, config, side_a, side_b)
@@ -174,6 +181,8 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         notes += [out.note("not compared") for out in left_out]
         result = DiffResult(side_a, side_b, changes, tuple(filters), matched=matched, same=same,
                             not_compared=left_out, notes=notes)
+        if side_a.environment is not None and side_b.environment is not None:
+            result.env_changes = ground_changes(env_changes(side_a.environment, side_b.environment))
         if contents and changes:
             readable = [c for c in changes if not too_big_to_diff(c)]
             old_data = read_contents(store, side_a, [c.old for c in readable if c.old is not None])
@@ -187,6 +196,51 @@ def diff(store: Store | None, config: Config, a: str, b: str | None = None, path
         for side in sides:
             if side.transport is not None:
                 side.transport.close()
+
+
+@dataclass
+class EnvDiffResult:
+    """What changed under two trees (``diff --env``)."""
+
+    a: str  # how each side is named: ``ct200 (live)``, ``may22 (1a2b3c4d5e)``
+    b: str
+    changes: list[EnvChange]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.changes else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "changes": [c.to_json() for c in self.changes],
+                "identical": not self.changes, "exit_code": self.exit_code}
+
+
+def env_diff(store: Store | None, config: Config, a: str, b: str | None = None) -> EnvDiffResult:
+    """The environments of two trees compared (snapshots that recorded one, or live nodes);
+    with one ref, as ``diff``: a node's newest snapshot against it live."""
+    resolver = Resolver(store, config)
+    ref_a = resolver.tree(a)
+    ref_a, ref_b = _one_argument(store, config, resolver, ref_a) if b is None else (ref_a, resolver.tree(b))
+    with ThreadPoolExecutor(2) as pool:
+        (label_a, env_a), (label_b, env_b) = pool.map(lambda ref: _side_environment(store, config, ref),
+                                                      [ref_a, ref_b])
+    return EnvDiffResult(label_a, label_b, env_changes(env_a, env_b))
+
+
+def _side_environment(store: Store | None, config: Config, ref: TreeRef) -> tuple[str, Environment]:
+    if ref.folder is not None:
+        raise UsageError(f"{ref.text!r} is a folder: it has no environment to compare",
+                         hint="name a node (live) or a snapshot")
+    if ref.live_node is not None:
+        return f"{ref.live_node} (live)", live_environment(config.node(ref.live_node))
+    assert store is not None and ref.commit is not None
+    commit = store.commit(ref.commit)
+    found = snapshot_environment(store, commit.id, commit.meta)
+    if found is None:
+        raise UsageError(f"{ref.text} ({commit.short}) recorded no environment",
+                         hint="a snapshot records one when its node's pull reads it (not with environment = "
+                         "false, nor before snapver did): compare a newer snapshot, or the node live")
+    return f"{ref.text} ({commit.short})", found
 
 
 def _one_argument(store: Store | None, config: Config, resolver: Resolver,

@@ -8,9 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from snapver.config import Config
+from snapver.environment import Environment
 from snapver.errors import RefError, UsageError
 from snapver.model import MANIFEST_PATH, SPECIAL, Entry, Manifest
 from snapver.ops.diff import diff
+from snapver.ops.envrecord import snapshot_environment
 from snapver.refs import resolve_snapshot
 from snapver.store import refs
 from snapver.store.repo import Commit, Store
@@ -134,6 +136,7 @@ class ShowResult:
     file: Entry | None = None  # the file ``path`` names: its content is read with ``content``
     parent: str | None = None
     changes: Any = None  # DiffResult from the parent (with diffstat numbers), None for a first snapshot
+    environment: Environment | None = None  # what the snapshot recorded under its tree, if it did
 
 
 def show(store: Store, config: Config, ref: str, path: str | None = None) -> ShowResult:
@@ -148,7 +151,8 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
         if commit.meta.get("kind") == "patch" and isinstance(commit.meta.get("base"), str):
             parent = commit.meta["base"]  # a patch shows what it changes (its first parent may be its last version)
         changes = diff(store, config, parent, commit_id, contents=True) if parent else None
-        return ShowResult(info, manifest, parent=parent, changes=changes)
+        return ShowResult(info, manifest, parent=parent, changes=changes,
+                          environment=snapshot_environment(store, commit_id, commit.meta))
     path = path.strip("/")
     entry = manifest.get(path)
     if entry is None or path == MANIFEST_PATH:

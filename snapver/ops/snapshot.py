@@ -23,10 +23,13 @@ from typing import Any
 import blake3
 
 from snapver.config import NodeSpec
+from snapver.environment import ENV_PATH, Environment
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
 from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
+from snapver.ops.envrecord import recorded_env_oid, remember_env_oid
 from snapver.ops.layer import request_identity
 from snapver.ops.live import (
+    BY_PATH,
     keep_stat_keys_packed,
     load_stat_keys,
     newest_heads,
@@ -66,6 +69,9 @@ class NodePull:
     dist: str = ""
     container: dict[str, Any] | None = None  # its container's ids, when a snapshot is recorded (ops/layer.py)
     error: SnapverError | None = None
+    environment: Environment | None = None  # as the node reported it; None: not read (env_note says why)
+    env_note: str = ""
+    env_changed: bool = False  # the new snapshot records another environment than its parent
     # working state, not reported
     transport: Transport | None = field(default=None, repr=False)
     listing: Listing | None = field(default=None, repr=False)
@@ -75,6 +81,8 @@ class NodePull:
     prefetch: Callable[[list[str]], Iterator[FileItem]] | None = field(default=None, repr=False)
     keys: StatKeys | None = field(default=None, repr=False)  # the stat keys its listing was sent
     record: SnapshotRecord | None = field(default=None, repr=False)  # the RECORD rows of its new snapshot
+    env_oid: str | None = field(default=None, repr=False)  # the blob id of ``environment``
+    parent_env: str | None = field(default=None, repr=False)  # that of the parent's, once looked up
     started: float = field(default=0.0, repr=False)
 
     @property
@@ -87,6 +95,8 @@ class NodePull:
                 "fetched_files": self.fetched_files, "fetched_bytes": self.fetched_bytes,
                 "wire_bytes": self.wire_bytes, "seconds": round(self.seconds, 3), "dist": self.dist,
                 "container": self.container,
+                "environment": self.environment.summary() if self.environment else None,
+                "env_changed": self.env_changed, "env_note": self.env_note or None,
                 "error": str(self.error) if self.error else None,
                 "exit_code": self.error.exit_code if self.error else 0}
 
@@ -238,6 +248,8 @@ def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int
         keep_stat_keys_packed(store, result.node, result.keys)
     if result.snapshot and result.record is not None:
         save_record_source(store, result.node, result.snapshot, result.record.source)
+    if head and result.env_oid and (result.snapshot or result.parent_env != result.env_oid):
+        remember_env_oid(store, result.node, head, result.env_oid)
     if tag and head:
         _tag(store, tag if nodes == 1 else f"{tag}-{result.node}", head, result)
 
@@ -304,10 +316,14 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         # Every file will be fetched when the node does not hash: have it stream them right
         # after its listing (the level first: finding it may take a request of its own).
         level = None if hash_on_node else _compress_level(result.transport)
+        # Asked before the listing (so read before it): the agent answers it in the same
+        # round trip, and no request of the listing's can come between.
+        environment = result.transport.request_environment() if spec.environment else None
         listing = result.transport.request_listing(None, cache_time, want_oids=hash_on_node, cache_keys=keys,
                                                    rows_if_unchanged=False)
         if level is not None:
             result.prefetch = result.transport.request_listed_files(level)
+        _take_environment(result, environment)
         if keys is None:  # read the last snapshot while the node starts up and lists
             _read_parent(store, result)
             result.listing = listing()
@@ -323,6 +339,46 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.dist = info.dist_summary()
     except SnapverError as exc:
         result.error = exc
+
+
+def _take_environment(result: NodePull, reply: Callable[[], Environment] | None) -> None:
+    """The node's environment, or a note saying why there is none: never a failed pull."""
+    if reply is None:
+        return
+    try:
+        result.environment = reply()
+        result.env_oid = blob_oid(result.environment.canonical())
+    except TransportError as exc:
+        if result.transport is None or not result.transport.is_open:
+            raise
+        result.env_note = f"environment not recorded: {exc.message}"
+
+
+def _env_moved(store: Store, result: NodePull) -> bool:
+    """True when the node's environment is not the one its last snapshot recorded."""
+    if result.env_oid is None or result.parent is None:
+        return False
+    if result.parent_env is None:
+        try:
+            result.parent_env = recorded_env_oid(store, result.node, result.parent) or ""
+        except StoreError:
+            result.parent_env = ""
+    return result.parent_env != result.env_oid
+
+
+def _with_rows(store: Store, result: NodePull) -> Manifest | None:
+    """The last snapshot's manifest, and the listing's rows (a listing found as cached has
+    none): for a snapshot of the same tree in another environment. None if unavailable."""
+    listing = result.listing
+    assert listing is not None
+    if listing.rows_omitted:
+        files = result.keys.read_cache() if result.keys is not None else None
+        if files is None:
+            return None
+        result.listing = Listing(listing.now_ns, sorted(files.values(), key=BY_PATH), listing.hashed, as_cached=True)
+    if result.parent_manifest is None:
+        _read_parent(store, result)
+    return result.parent_manifest
 
 
 def _read_parent(store: Store, result: NodePull) -> None:
@@ -457,24 +513,31 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
     previous = result.parent_manifest
     result.files = len(result.listing.entries) or result.listing.rows_omitted
     if _as_last_time(result) or (previous is not None and same_tree(previous, result.listing.entries)):
-        result.unchanged_since = result.parent
-        return None
-    key = tuple([(e.path, e.kind, e.mode, e.size, e.oid) for e in result.listing.entries])
-    manifest = manifests.get(key)
-    if manifest is None:
-        manifest = manifests[key] = _manifest(store, result.listing.entries, digests, previous)
-    result.changed = count_changes(previous, manifest) if previous is not None else len(manifest)
-    if previous is not None and result.changed == 0:
-        result.unchanged_since = result.parent
-        return None
+        manifest = _with_rows(store, result) if _env_moved(store, result) else None
+        if manifest is None:
+            result.unchanged_since = result.parent
+            return None
+        result.changed = 0
+    else:
+        key = tuple([(e.path, e.kind, e.mode, e.size, e.oid) for e in result.listing.entries])
+        manifest = manifests.get(key)
+        if manifest is None:
+            manifest = manifests[key] = _manifest(store, result.listing.entries, digests, previous)
+        result.changed = count_changes(previous, manifest) if previous is not None else len(manifest)
+        if previous is not None and result.changed == 0 and not _env_moved(store, result):
+            result.unchanged_since = result.parent
+            return None
+    result.env_changed = result.parent is not None and _env_moved(store, result)
     info = result.transport.info
     spec = result.transport.spec
     assert info is not None
     now = datetime.now(timezone.utc)
     meta = snapshot_meta(node=spec.name, host=spec.address, writer=writer_of(store), info=info, when=now,
                          paths=spec.paths, exclude=spec.exclude, manifest=manifest, changed=result.changed,
-                         event=event, message=message, container=result.container)
+                         event=event, message=message, container=result.container, env=result.env_oid)
     subject = f"{spec.name}: {len(manifest)} files, {result.changed} changed ({info.dist_summary()})"
+    if result.env_changed:
+        subject += ", environment changed"
     # The distribution's RECORD rows, so that a rebase onto this snapshot can tell a file
     # the release ships from one a pip upgrade left behind (ops/pristine.py).
     record = result.record = snapshot_record(store, result.transport, result.parent, records)
@@ -488,11 +551,27 @@ def _record(store: Store, importer: Importer, result: NodePull, digests: dict[st
         if result.own and run_git(store.path, "merge-base", "--is-ancestor", result.own,
                                   result.parent or result.own).returncode != 0:
             also = (result.own,)
+    extra, stored = _extra_files(result, record)
     return importer.commit(refs.node_ref(spec.name), result.parent, manifest,
-                           format_message(subject, meta, message), now,
-                           extra_files={RECORD_PATH: record.data} if record and record.data is not None else None,
-                           stored_files={RECORD_PATH: record.oid} if record and record.oid else None,
-                           also_parents=also, ref_at=ref_at)
+                           format_message(subject, meta, message), now, extra_files=extra or None,
+                           stored_files=stored or None, also_parents=also, ref_at=ref_at)
+
+
+def _extra_files(result: NodePull, record: SnapshotRecord | None) -> tuple[dict[str, bytes], dict[str, str]]:
+    """A snapshot's files beside its tree: by content, or by the id of a blob the store has
+    (the environment its parent recorded, the same bytes)."""
+    extra: dict[str, bytes] = {}
+    stored: dict[str, str] = {}
+    if record is not None and record.data is not None:
+        extra[RECORD_PATH] = record.data
+    elif record is not None and record.oid:
+        stored[RECORD_PATH] = record.oid
+    if result.environment is not None and result.env_oid is not None:
+        if result.parent_env == result.env_oid:
+            stored[ENV_PATH] = result.env_oid
+        else:
+            extra[ENV_PATH] = result.environment.canonical()
+    return extra, stored
 
 
 def _manifest(store: Store, entries: list[StatEntry], digests: dict[str, str], previous: Manifest | None) -> Manifest:

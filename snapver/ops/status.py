@@ -25,9 +25,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from snapver.config import Config, NodeSpec
+from snapver.environment import Environment
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.checkout import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
+from snapver.ops.envrecord import environment_or_none, group_outlier_notes
 from snapver.ops.layer import recreated_note, request_identity
 from snapver.ops.ledger import newest_record
 from snapver.ops.live import request_live
@@ -150,6 +152,7 @@ class NodeStatus:
     record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
     committed: CommittedTree | None = field(default=None, repr=False)  # an editable install's git HEAD
     asked_container: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
+    environment: Environment | None = field(default=None, repr=False)  # read with the listing (no GPU)
 
     @property
     def drifted(self) -> bool:
@@ -240,6 +243,7 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
                 digests.learn_from_store(algo, oids)
             list(pool.map(lambda row: _judge_node(row, reference, patches, digests, store), rows))
             list(pool.map(_note_recreated, rows))
+            _note_group_outliers(rows, config)
         finally:
             list(pool.map(lambda t: t.close(), [r.transport for r in rows if r.transport is not None]))
     digests.save()
@@ -252,6 +256,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
     snapshot's and how that snapshot stands against this RECORD is known already."""
     try:
         row.transport = open_transport(spec).start()
+        # In the listing's round trip (no nvidia-smi): how the node's ground compares with its group's.
+        asked = row.transport.request_environment(gpu=False) if spec.environment else None
         # heads: the newest snapshot of any writer's, as request_live would read them again per node.
         listing: Callable[[], Listing] = request_live(store, row.transport, checksum, heads.get(spec.name))
         # The store is read while the node starts up and lists.
@@ -276,6 +282,7 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         head = request_head(row.transport) if want_record and from_checkout(info) else None
         row.reachable = True
         row.dist = info.dist_summary()
+        row.environment = environment_or_none(asked, row.transport)
         row.live = live_manifest(listing())
         row.files = len(row.live)
         digests = record_digests()["hashes"] if record_digests is not None else None
@@ -319,6 +326,13 @@ def _note_recreated(row: NodeStatus) -> None:
         note = recreated_note(row.container, row.push, [p.name for p in row.patches if p.applied])
         if note:
             row.notes.append(note)
+
+
+def _note_group_outliers(rows: list[NodeStatus], config: Config | None) -> None:
+    """A node whose distributions are not what most of its group has gets a note each."""
+    environments = {row.node: row.environment for row in rows if row.environment is not None}
+    for node, notes in group_outlier_notes(environments, config.groups if config else {}).items():
+        next(row for row in rows if row.node == node).notes.extend(notes)
 
 
 def _drift(row: NodeStatus, spec: NodeSpec, snapshot: Manifest, scope: Scope) -> list[Change]:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapver.config import Config
+from snapver.environment import Environment
 from snapver.errors import SnapverError, UsageError
 from snapver.folders import tracked_paths
 from snapver.model import Entry, Manifest, is_safe_relpath
-from snapver.ops.live import list_live
+from snapver.ops.envrecord import environment_or_none, snapshot_environment
+from snapver.ops.live import request_live
 from snapver.ops.scope import Scope, commit_scope, node_scope, owner_scope
 from snapver.refs import TreeRef
 from snapver.store.repo import Commit, Store
@@ -36,6 +38,7 @@ class Side:
     commit: Commit | None = None
     transport: Transport | None = field(default=None, repr=False)
     scope: Scope | None = None  # the paths and exclude this tree was read with
+    environment: Environment | None = None  # with ``load_sides(environments=True)``: the ground under it
 
     @property
     def observed_by(self) -> str:
@@ -73,9 +76,11 @@ class Side:
 
 
 def load_sides(store: Store | None, config: Config, trees: list[TreeRef], checksum: bool = False,
-                starting: Starting | None = None) -> list[Side]:
+                starting: Starting | None = None, environments: bool = False) -> list[Side]:
     """Both sides' manifests, loaded in parallel: a live node hashes its files while the
-    store is read (or while the other node hashes its own)."""
+    store is read (or while the other node hashes its own). ``environments``: each side's
+    environment too where it has one (a snapshot that recorded it; a live node's, asked in
+    the listing's round trip, without its GPU)."""
     sides = [Side(tree, Manifest()) for tree in trees]
 
     def load(side: Side) -> SnapverError | None:
@@ -84,13 +89,18 @@ def load_sides(store: Store | None, config: Config, trees: list[TreeRef], checks
                 side.node = side.ref.live_node
                 begun = starting.take(side.node) if starting is not None and side.node else None
                 side.transport = begun or open_live(config, side.ref).start()
+                asked = side.transport.request_environment(gpu=False) if environments and side.node else None
                 # A folder has no stat cache in the store: it is hashed in full.
-                side.manifest = live_manifest(list_live(store if side.node else None, side.transport, checksum))
+                listing = request_live(store if side.node else None, side.transport, checksum)
+                side.environment = environment_or_none(asked, side.transport)
+                side.manifest = live_manifest(listing())
             else:
                 assert store is not None and side.ref.commit is not None
                 side.commit = store.commit(side.ref.commit)
                 side.node = side.commit.meta.get("node")
                 side.manifest = store.manifest(side.ref.commit)
+                if environments:
+                    side.environment = snapshot_environment(store, side.commit.id, side.commit.meta)
         except SnapverError as exc:
             return exc
         return None

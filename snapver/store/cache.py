@@ -30,6 +30,7 @@ STAT_CACHE_VERSION = 1
 STAT_KEYS_VERSION = 1
 RECORD_SOURCE_VERSION = 1
 RECORD_CHECK_VERSION = 1
+ENV_CACHE_VERSION = 1
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
@@ -53,6 +54,11 @@ def stat_keys_path(store: Store, node: str) -> Path:
 def record_source_path(store: Store, node: str) -> Path:
     """What the RECORD rows of the node's last snapshot were made from (``ops/pristine.py``)."""
     return folder(store) / "stat-cache" / f"{node}.record"
+
+
+def env_cache_path(store: Store, node: str) -> Path:
+    """The blob id of the environment the node's last snapshot recorded (``ops/envrecord.py``)."""
+    return folder(store) / "stat-cache" / f"{node}.env"
 
 
 def record_check_path(store: Store, node: str) -> Path:

@@ -45,11 +45,13 @@ def format_message(subject: str, meta: dict[str, Any], body: str = "") -> str:
 
 def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: datetime, paths: Iterable[str],
                   exclude: Iterable[str], manifest: Manifest, changed: int, event: dict[str, Any] | None = None,
-                  message: str = "", container: dict[str, Any] | None = None) -> dict[str, Any]:
+                  message: str = "", container: dict[str, Any] | None = None,
+                  env: str | None = None) -> dict[str, Any]:
     """A pulled snapshot's metadata: the node and what it reported (``info``), what the
     listing observed, the manifest's size; ``event`` (default ``{"event": "pull"}``) says
     what took it and may add fields of its own; ``container``: the node's container and
-    image ids (``ops/layer.py``), for a node in a container."""
+    image ids (``ops/layer.py``), for a node in a container; ``env``: the blob id of the
+    environment it recorded (``.snapver/env``)."""
     meta: dict[str, Any] = {
         "v": 1, "kind": "snapshot", "node": node, "host": host,
         "writer": writer,
@@ -68,6 +70,8 @@ def snapshot_meta(*, node: str, host: str, writer: str, info: NodeInfo, when: da
         meta["message"] = message
     if container is not None:
         meta["container"] = container
+    if env:
+        meta["env"] = env
     return meta
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 
 from snapver import interrupt
 from snapver.config import NodeSpec
+from snapver.environment import Environment
 from snapver.errors import Cancelled, RemotePathError, TransportError
 from snapver.model import FILE, LINK, SPECIAL, DistInfo, InstallInfo, NodeInfo, StatEntry, is_git_id, is_safe_relpath
 from snapver.transport.agent import assemble
@@ -136,6 +137,10 @@ class Transport(ABC):
         """(container id, image id) of the node's container, as its engine on the host says
         within ``timeout``; None for a node that is no named container, or no answer."""
         return None
+
+    @abstractmethod
+    def request_environment(self, within: float | None = None, gpu: bool = True) -> Callable[[], Environment]:
+        """Ask now for the node's environment (Python, distributions, torch, GPU, kernel)."""
 
     def __enter__(self) -> Transport:
         self.open()
@@ -925,6 +930,35 @@ class AgentTransport(Transport):
         within ``deadline`` seconds. The reply:
         ``{"code": exit code or None, "output": its tail, "timed_out": bool}``."""
         return self.call_within(deadline, "run", command=command, timeout=timeout)
+
+    def request_environment(self, within: float | None = None, gpu: bool = True) -> Callable[[], Environment]:
+        """Ask the agent for the node's environment now; the function returned waits for it
+        (the agent bounds its one slow part, nvidia-smi, in time), ``within`` seconds if
+        given, else the session is cut. Without ``gpu``: no GPU or driver (nvidia-smi not run)."""
+        reply = self.request("env", gpu=gpu)
+
+        def answer() -> dict[str, Any]:
+            if within is None:
+                return reply()
+            with self._deadline(within) as expired:
+                try:
+                    found = reply()
+                except TransportError:
+                    if not expired.is_set():
+                        raise
+            if expired.is_set():
+                raise TransportError(f"{self.spec.name}: no answer to env within {within:g} s",
+                                     hint="the node or the link stalled; the session was ended")
+            return found
+
+        def environment() -> Environment:
+            found = answer()
+            try:
+                return Environment.from_json(found.get("env"))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise TransportError(f"{self.spec.name}: malformed environment from the agent: {exc}") from None
+
+        return environment
 
 
 def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:

@@ -402,7 +402,7 @@ def test_bad_config_is_exit_2_naming_file_and_key(run_snapver, case: str, comman
 # --------------------------------------------------------------------------- help: order, names, examples
 
 WORKFLOW = ["init", "nodes", "pull", "log", "show", "tag", "diff", "status", "verify", "patch", "push",
-            "rollback", "ps", "import", "sync", "fsck"]
+            "rollback", "ps", "env", "import", "sync", "fsck"]
 PATCH_COMMANDS = ["new", "save", "import", "capture", "list", "show", "export", "rebase", "delete"]
 
 

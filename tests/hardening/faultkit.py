@@ -131,6 +131,7 @@ def snapshot_blob_ids(store: Path, rev: str) -> dict[str, str]:
             found[os.fsdecode(path)] = meta.split()[2].decode()
     found.pop(".snapver/manifest", None)
     found.pop(".snapver/record", None)
+    found.pop(".snapver/env", None)
     return found
 
 

@@ -45,6 +45,7 @@ def store_files(store: Path, rev: str) -> dict[str, tuple[str, bytes]]:
     listing = git_ls_tree(store, rev)
     listing.pop(".snapver/manifest", None)
     listing.pop(".snapver/record", None)
+    listing.pop(".snapver/env", None)
     return {path: (mode, git_blob(store, oid)) for path, (mode, oid) in listing.items()}
 
 
@@ -120,6 +121,7 @@ def test_git_diff_import_export_roundtrip_on_real_tree(real_base, sglang_site_te
     for listing in (patched, base):
         listing.pop(".snapver/manifest")
         listing.pop(".snapver/record", None)  # a snapshot's RECORD rows; a patch commit has none
+        listing.pop(".snapver/env", None)  # a snapshot's environment
     assert sh("git", "--git-dir", str(store), "rev-parse", PATCH_REF + "cuda-fix^").decode().strip() == base_head
     changed = {p for p in set(patched) | set(base) if patched.get(p) != base.get(p)}
     assert changed == {RUNNER, UTILS, GONE, ADDED}

@@ -58,6 +58,7 @@ def store_tree(store: Path, rev: str) -> dict[str, tuple[str, int, str]]:
     listing = git_ls_tree(store, rev)
     listing.pop(".snapver/manifest")
     listing.pop(".snapver/record", None)  # the distribution's RECORD rows, when it has one
+    listing.pop(".snapver/env", None)  # the environment under the tree
     blobs = cat_blobs(store, {oid for _, oid in listing.values()})
     tree = {}
     for path, (mode, oid) in listing.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # In the script's order: a part uses only names of parts before it when it runs (a class's
 # base, a module-level value); a function may call a later part's function.
-PARTS = ("wire", "fsat", "listing", "reading", "writing", "procs", "source", "answer", "run")
+PARTS = ("wire", "fsat", "listing", "reading", "writing", "procs", "source", "answer", "environ", "run")
 # A part's import of another part: `from .name import a, b` or `from .name import (...)`.
 _IMPORT_OF_A_PART = re.compile(rb"^from \.\w+ import (?:\([^)]*\)|[^\n(]*)\n", re.M)
 

@@ -5,6 +5,7 @@ import os
 import sys
 
 from .answer import op_health_request
+from .environ import op_env
 from .listing import op_list
 from .procs import ClientGone, op_health_url, op_ps, op_run
 from .reading import op_hash, op_read
@@ -36,7 +37,7 @@ def op_ping(channel, request):
 OPS = {"ping": op_ping, "hello": op_hello, "list": op_list, "read": op_read, "hash": op_hash,
        "check": op_check, "write": op_write, "write_done": op_write_done, "run": op_run,
        "compile": op_compile, "ps": op_ps, "health_url": op_health_url, "git_head": op_git_head,
-       "health_request": op_health_request}
+       "health_request": op_health_request, "env": op_env}
 
 
 def serve(channel):
