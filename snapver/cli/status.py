@@ -108,6 +108,9 @@ def render_status(result: Any) -> None:
         elif getattr(row, "restart_needed", None):
             out.print(f"{escape(row.node)}: {row.restart_needed} process(es) run code older than the tree: "
                       f"`snapver ps {escape(row.node)}` names them")
+        if getattr(row, "last_seen", False):
+            out.print(f"{escape(row.node)}: down: as last seen in snapshot {row.snapshot[:10]} "
+                      f"({age(row.age_seconds)} ago), not live")
         if row.unchecked and row.error is None:
             out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
         for note in [*getattr(row, "not_compared", []), *getattr(row, "notes", [])]:
@@ -121,7 +124,8 @@ def render_status(result: Any) -> None:
                 out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
-                      f"not as {show_path(row.known_good.label)}")
+                      f"not as {show_path(row.known_good.label)}"
+                      + (" when last seen" if getattr(row, "last_seen", False) else ""))
             for item in row.off:
                 out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
 
@@ -135,6 +139,8 @@ def _restart(row: Any) -> str:
 
 
 def _label(item: Any) -> str:
+    if getattr(item, "source", ""):  # differs from --against, but as its source makes it
+        return f"[green]{item.label} ({escape(item.source)})[/green]"
     if item.label == "patch":
         return f"[yellow]patch {show_list(item.patches)}[/yellow]"
     if item.label == "hot-fix":
@@ -160,7 +166,8 @@ def _snapshot(row: Any) -> str:
     if not row.snapshot:
         return "none (snapver pull)"
     tags = f" ({show_list(row.tags)})" if row.tags else ""
-    return f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
+    cell = f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
+    return f"[dim]{cell}[/dim]" if getattr(row, "last_seen", False) else cell
 
 
 def _drift(row: Any) -> str:
@@ -182,8 +189,14 @@ def _known_good(row: Any) -> str:
 
 
 def _state(row: Any) -> str:
+    if getattr(row, "last_seen", False) and row.off is not None:  # down: its newest snapshot's state
+        return f"[dim]was {_live_state(row)}[/dim]"
     if row.error is not None:
         return "?"
+    return _live_state(row)
+
+
+def _live_state(row: Any) -> str:
     if row.off is None:
         return "[yellow]unknown[/yellow]"  # the note below says why
     if not row.off:
@@ -195,6 +208,9 @@ def _state(row: Any) -> str:
         parts.append(f"[yellow]{count} patched ({show_list(sorted(patched))})[/yellow]")
     if row.hot_fixed:
         parts.append(f"[red]{len(row.hot_fixed)} hot-fixed[/red]")
+    as_source = sum(1 for item in row.off if getattr(item, "source", ""))
+    if as_source:  # they differ from --against REF, but are pristine
+        parts.append(f"[green]{as_source} pristine[/green]")
     return ", ".join(parts)
 
 
