@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 
 from snapver.cli.app import app
+from snapver.cli.fit import print_fitted
 from snapver.cli.options import JsonOpt
-from snapver.cli.render import console, emit_json, escape, outcome, print_table, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, show_path
 from snapver.cli.state import STATE
 
 
@@ -38,7 +39,7 @@ def nodes(
              show_path(c.python) or "?", show_path(c.site_packages) or "?", show_path(c.dists) or "?") if check else
             (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]
     out = console()
-    print_table(out, columns, rows)
+    print_fitted(out, columns, rows)  # a record per node when too wide: the paths it checked stay whole
     for name, members in config.groups.items():
         out.print(f"group {escape(name)}: {escape(', '.join(members))}")
     for c in checks:

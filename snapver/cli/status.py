@@ -3,14 +3,16 @@ ops.status, render the fleet table (or the fleet matrix)."""
 
 from __future__ import annotations
 
+import re
 import stat
 from typing import Any
 
 import typer
 
 from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
+from snapver.cli.fit import plain, print_file, print_fitted, print_wrapped
 from snapver.cli.options import JsonOpt, NodesArg
-from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
 from snapver.cli.state import STATE
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
@@ -79,11 +81,8 @@ def render_status(result: Any) -> None:
     rows: list[tuple[str, ...]]
     rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
              _restart(row)) for row in result.nodes]
-    if getattr(out, "is_terminal", False) and all(row[-1] in ("0", "-") for row in rows):
-        # On a screen a column of zeros is room the others need (80 columns); scripts that
-        # read the table (not a terminal) always get it.
-        columns, rows = columns[:-1], [row[:-1] for row in rows]
-    print_table(out, columns, rows)
+    # The restart column stays, zeros too: 0 says the processes were looked at.
+    print_fitted(out, columns, rows, lambda: (SHORT_COLUMNS, [_short_row(row) for row in result.nodes]))
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)
@@ -112,22 +111,38 @@ def render_status(result: Any) -> None:
             out.print(f"{escape(row.node)}: down: as last seen in snapshot {row.snapshot[:10]} "
                       f"({age(row.age_seconds)} ago), not live")
         if row.unchecked and row.error is None:
-            out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
+            print_wrapped(out, f"{escape(row.node)}: {escape(row.unchecked)}")
         for note in [*getattr(row, "not_compared", []), *getattr(row, "notes", [])]:
-            out.print(f"{escape(row.node)}: {escape(note)}")
+            print_wrapped(out, f"{escape(row.node)}: {escape(note)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
                       f"{row.snapshot[:10] if row.snapshot else '?'}")
             for item in row.drift:  # no label where nothing is known-good
-                label = _label(item)
-                out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
+                print_file(out, item.status, show_path(item.path), _label(item))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
                       f"not as {show_path(row.known_good.label)}"
                       + (" when last seen" if getattr(row, "last_seen", False) else ""))
             for item in row.off:
-                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+                print_file(out, item.status, show_path(item.path), _label(item))
+
+
+SHORT_COLUMNS = ("node", "up", "snapshot", "changed", "known-good", "state", "restart")
+
+
+def _short_row(row: Any) -> tuple[str, ...]:
+    """The row in short forms (7-digit ids, ages, no tags, no patch names: the lines below
+    the table name them) for a terminal too narrow for the whole table."""
+    snapshot = f"{row.snapshot[:7]} {age(row.age_seconds)}" if row.snapshot else "none"
+    if getattr(row, "last_seen", False):
+        snapshot = f"[dim]{snapshot}[/dim]"
+    known = row.known_good
+    known_good = ("RECORD" if known.kind == "record" else show_path(known.name)) if known is not None \
+        else _known_good(row)
+    state = re.sub(r" \([^)]*\)", "", plain(_state(row)))
+    return (escape(row.node), _reachable(row), snapshot, _drift(row).replace(" files", "").replace(" file", ""),
+            known_good, escape(state), _restart(row))
 
 
 def _restart(row: Any) -> str:
