@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from snapver.cli.app import app
-from snapver.cli.fit import print_wrapped
 from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
 from snapver.cli.render import PlainConsole, console, emit_json, escape, fields_line, human_bytes
 from snapver.cli.state import STATE
@@ -91,6 +90,11 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
             # Through the bar's console, which clears the bar first (a console of its own would
             # write past rich's stdout proxy, glued to the bar): the same screen.
             target = live[0].console
+        if not target.is_terminal:
+            target.print(summary_line(result))
+            return
+        from snapver.cli.fit import print_wrapped
+
         print_wrapped(target, summary_line(result, target))
 
     if show_bar:

@@ -10,9 +10,8 @@ from typing import Any
 import typer
 
 from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
-from snapver.cli.fit import plain, print_file, print_fitted, print_wrapped
 from snapver.cli.options import JsonOpt, NodesArg
-from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_list, show_path
+from snapver.cli.render import console, emit_json, escape, outcome, print_error, print_table, show_list, show_path
 from snapver.cli.state import STATE
 
 WIDTH = 80  # the matrix fits it for up to MATRIX_BLOCK nodes
@@ -82,7 +81,12 @@ def render_status(result: Any) -> None:
     rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
              _restart(row)) for row in result.nodes]
     # The restart column stays, zeros too: 0 says the processes were looked at.
-    print_fitted(out, columns, rows, lambda: (SHORT_COLUMNS, [_short_row(row) for row in result.nodes]))
+    if out.is_terminal:  # laid out for its width (cli/fit.py); scripts get the whole table
+        from snapver.cli.fit import print_fitted
+
+        print_fitted(out, columns, rows, lambda: (SHORT_COLUMNS, [_short_row(row) for row in result.nodes]))
+    else:
+        print_table(out, columns, rows)
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)
@@ -111,21 +115,41 @@ def render_status(result: Any) -> None:
             out.print(f"{escape(row.node)}: down: as last seen in snapshot {row.snapshot[:10]} "
                       f"({age(row.age_seconds)} ago), not live")
         if row.unchecked and row.error is None:
-            print_wrapped(out, f"{escape(row.node)}: {escape(row.unchecked)}")
+            _say(out, f"{escape(row.node)}: {escape(row.unchecked)}")
         for note in [*getattr(row, "not_compared", []), *getattr(row, "notes", [])]:
-            print_wrapped(out, f"{escape(row.node)}: {escape(note)}")
+            _say(out, f"{escape(row.node)}: {escape(note)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
                       f"{row.snapshot[:10] if row.snapshot else '?'}")
             for item in row.drift:  # no label where nothing is known-good
-                print_file(out, item.status, show_path(item.path), _label(item))
+                _file_line(out, item.status, show_path(item.path), _label(item))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
                       f"not as {show_path(row.known_good.label)}"
                       + (" when last seen" if getattr(row, "last_seen", False) else ""))
             for item in row.off:
-                print_file(out, item.status, show_path(item.path), _label(item))
+                _file_line(out, item.status, show_path(item.path), _label(item))
+
+
+def _say(out: Any, markup: str) -> None:
+    """A note: on a terminal, wrapped at word boundaries."""
+    if out.is_terminal:
+        from snapver.cli.fit import print_wrapped
+
+        print_wrapped(out, markup)
+    else:
+        out.print(markup)
+
+
+def _file_line(out: Any, status: str, path: str, label: str) -> None:
+    """``  M  PATH  LABEL``; on a terminal too narrow, the label on the next line."""
+    if out.is_terminal:
+        from snapver.cli.fit import print_file
+
+        print_file(out, status, path, label)
+    else:
+        out.print(f"  {status}  {path}" + (f"  {label}" if label else ""))
 
 
 SHORT_COLUMNS = ("node", "up", "snapshot", "changed", "known-good", "state", "restart")
@@ -140,6 +164,8 @@ def _short_row(row: Any) -> tuple[str, ...]:
     known = row.known_good
     known_good = ("RECORD" if known.kind == "record" else show_path(known.name)) if known is not None \
         else _known_good(row)
+    from snapver.cli.fit import plain
+
     state = re.sub(r" \([^)]*\)", "", plain(_state(row)))
     return (escape(row.node), _reachable(row), snapshot, _drift(row).replace(" files", "").replace(" file", ""),
             known_good, escape(state), _restart(row))

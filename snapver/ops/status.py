@@ -147,7 +147,6 @@ class NodeStatus:
     transport: Transport | None = field(default=None, repr=False)
     record: dict[str, RecordEntry] | None = field(default=None, repr=False)
     record_differing: list[tuple[str, str]] | None = field(default=None, repr=False)  # from the cache
-    record_sha: Any = field(default=None, repr=False)  # the RECORD files' sha256 (a cached check's key)
 
     @property
     def drifted(self) -> bool:
@@ -283,9 +282,8 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
                 row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
                                                     f"{', '.join(spec.paths)} in {info.site_packages}")
             return
-        row.record_sha = digests
         if store is not None and row.snapshot and row.drift == [] and not row.left_out and not checksum:
-            row.record_differing = load_record_check(store, spec, row.snapshot, info.dists, digests)
+            row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
         if row.record_differing is None:
             try:
                 row.record = records.get(row.transport, digests)
@@ -393,7 +391,8 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
     try:
         row.patches = patch_states(patches, row.live)
         differing: list[tuple[str, str]] | None = None
-        against_record = _against_record(row, digests, store)
+        # Kept only by a status held against the RECORD (as before --against read it too).
+        against_record = _against_record(row, digests, store if reference is None else None)
         if reference is None and against_record is not None:
             assert row.transport is not None and row.transport.info is not None
             dists = row.transport.info.dists
@@ -430,19 +429,17 @@ def _against_record(row: NodeStatus, digests: ContentDigests, store: Store | Non
                 **{p: ADDED for p in check.extra}}
     differing = [(path, statuses[path]) for path in check.differing]
     if store is not None and row.snapshot and row.drift == [] and not row.left_out:
-        save_record_check(store, row.transport.spec, row.snapshot, row.transport.info.dists, differing,
-                          row.record_sha)
+        save_record_check(store, row.transport.spec, row.snapshot, row.transport.info.dists, differing)
     return differing
 
 
-def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo], record_sha: Any) -> dict[str, Any]:
-    # The RECORD files' own hashes too: a RECORD removed or rewritten is another check.
+def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
     return {"snapshot": snapshot, "dists": [[d.name, d.version, d.dist_info] for d in dists],
-            "paths": list(spec.paths), "exclude": list(spec.exclude), "record": json.loads(json.dumps(record_sha))}
+            "paths": list(spec.paths), "exclude": list(spec.exclude)}
 
 
-def load_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
-                      record_sha: Any = None) -> list[tuple[str, str]] | None:
+def load_record_check(store: Store, spec: NodeSpec, snapshot: str,
+                      dists: Sequence[DistInfo]) -> list[tuple[str, str]] | None:
     """How the node's snapshot stood against its RECORD (paths that differ, with M/A/D), if a
     status worked it out before for this snapshot and these distributions; else None.
 
@@ -451,8 +448,7 @@ def load_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequen
     """
     try:
         data = json.loads(record_check_path(store, spec.name).read_text())
-        if not of_version(data, RECORD_CHECK_VERSION) or data.get("key") != _record_check_key(spec, snapshot, dists,
-                                                                                          record_sha):
+        if not of_version(data, RECORD_CHECK_VERSION) or data.get("key") != _record_check_key(spec, snapshot, dists):
             return None
         return [(str(path), str(status)) for path, status in data["differing"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -460,10 +456,9 @@ def load_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequen
 
 
 def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo],
-                      differing: list[tuple[str, str]], record_sha: Any = None) -> None:
+                      differing: list[tuple[str, str]]) -> None:
     """Keep what ``load_record_check`` reads (best effort, written whole then renamed)."""
-    document = {"v": RECORD_CHECK_VERSION, "key": _record_check_key(spec, snapshot, dists, record_sha),
-                "differing": differing}
+    document = {"v": RECORD_CHECK_VERSION, "key": _record_check_key(spec, snapshot, dists), "differing": differing}
     try:
         write_atomic(record_check_path(store, spec.name), json.dumps(document).encode("ascii"))
     except OSError:
