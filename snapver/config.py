@@ -53,6 +53,8 @@ _NODE_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "exec": (list, 'a list of strings (an argv prefix, e.g. ["kubectl", "exec", "-i", "POD", "--"])'),
 }
 DEFAULT_HEALTH_TIMEOUT = 300.0
+NO_CONFIG_HINT = ("run snapver where your .snapver is (or below it), pass --config PATH or set SNAPVER_CONFIG; "
+                  "`snapver init` writes a new one here")
 CONFIG_HINT = "every key is described in .snapver.example (snapver init writes it as a new .snapver)"
 # What one node is; the rest a fleet may share ([defaults]): a container's name may be
 # the same on every host, an exec prefix names one pod.
@@ -136,6 +138,21 @@ class Config:
     # relative path is made absolute against the config's folder.
     remote: str | None = None
     sync: str = "manual"  # [store] sync: "auto" syncs before reading commands and after writing ones
+    searched: Path | None = None  # the embedded default's: where no .snapver was found
+
+    def no_config_note(self) -> str:
+        """For the embedded default, what a name it lacks most likely means; else ""."""
+        if self.path is not None:
+            return ""
+        return (f"no .snapver found in {self.searched or Path.cwd()} or its parents "
+                f"(using the embedded default: node {', '.join(self.nodes)})")
+
+    def unknown_name(self, message: str, hint: str) -> UsageError:
+        """A name that is no node or group: with the embedded default, say that no config was read."""
+        note = self.no_config_note()
+        if note:
+            return UsageError(f"{message}: {note}", hint=NO_CONFIG_HINT)
+        return UsageError(message, hint=hint)
 
     def live_name(self, name: str) -> str:
         """``name`` with an ``@live`` suffix (any case) taken off when what is left is a node:
@@ -148,10 +165,8 @@ class Config:
         try:
             return self.nodes[self.live_name(name)]
         except KeyError:
-            raise UsageError(
-                f"unknown node {name!r}",
-                hint=f"known nodes: {', '.join(sorted(self.nodes)) or '(none)'}",
-            ) from None
+            raise self.unknown_name(f"unknown node {name!r}",
+                                    hint=f"known nodes: {', '.join(sorted(self.nodes)) or '(none)'}") from None
 
     def select(self, names: list[str] | tuple[str, ...], all_nodes: bool = False) -> list[NodeSpec]:
         """Expand node and group names (in order, without repeats) to node specs; ``NODE@live``
@@ -177,8 +192,8 @@ class Config:
                 chosen.setdefault(name, self.nodes[name])
             else:
                 known = sorted(self.nodes) + sorted(self.groups)
-                raise UsageError(f"unknown node or group {name!r}",
-                                 hint=f"known: {', '.join(known) or '(none)'}")
+                raise self.unknown_name(f"unknown node or group {name!r}",
+                                        hint=f"known: {', '.join(known) or '(none)'}")
         return list(chosen.values())
 
     def _expand_ranges(self, names: list[str] | tuple[str, ...]) -> list[str]:
@@ -267,7 +282,7 @@ def default_config(cwd: Path) -> Config:
 
     site_packages = sysconfig.get_paths()["purelib"]
     node = NodeSpec(name="local", local=True, site_packages=site_packages, python=sys.executable)
-    return Config(path=None, store_path=cwd / "snapshots", nodes={"local": node})
+    return Config(path=None, store_path=cwd / "snapshots", nodes={"local": node}, searched=cwd.resolve())
 
 
 def parse_config(data: dict[str, Any], path: Path) -> Config:

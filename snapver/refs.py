@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
-from snapver.config import Config
+from snapver.config import NO_CONFIG_HINT, Config
 from snapver.errors import RefError, StoreError
 from snapver.folders import FolderTree, is_folder_text, resolve_folder
 from snapver.store import refs as store_refs
@@ -380,6 +380,9 @@ class Resolver:
         return sorted(line.split()[0] for line in out.decode().splitlines() if line.endswith(" commit"))
 
     def _unknown(self, text: str) -> RefError:
+        note = self.config.no_config_note()
+        if note:  # the likeliest reason: the user's .snapver was not found
+            return RefError(f"unknown ref {text!r}: {note}", hint=NO_CONFIG_HINT)
         tags = sorted(self._refs_under(store_refs.TAGS))
         patches = sorted(self._refs_under(store_refs.PATCHES))
         nodes = self._known_nodes()

@@ -135,8 +135,9 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-# Commands whose output goes through a pager on a terminal when longer than the screen.
-PAGED_COMMANDS = frozenset({"diff", "log", "show", "status"})
+# Commands whose output goes through a pager on a terminal when longer than the screen:
+# what git pages (never status: its reader types the next command at once).
+PAGED_COMMANDS = frozenset({"diff", "log", "show"})
 
 
 def _show_completion(value: bool) -> None:

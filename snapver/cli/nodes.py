@@ -38,7 +38,12 @@ def nodes(
              show_path(c.python) or "?", show_path(c.site_packages) or "?", show_path(c.dists) or "?") if check else
             (escape(c.node), escape(c.address), escape(c.site_packages)) for c in checks]
     out = console()
-    print_table(out, columns, rows)
+    if out.is_terminal:  # a record per node when too wide: the paths it checked stay whole
+        from snapver.cli.fit import print_fitted
+
+        print_fitted(out, columns, rows)
+    else:
+        print_table(out, columns, rows)
     for name, members in config.groups.items():
         out.print(f"group {escape(name)}: {escape(', '.join(members))}")
     for c in checks:

@@ -8,11 +8,13 @@ import typer
 
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, JsonOpt, NoteOpt, node_args
-from snapver.cli.render import PlainConsole, console, emit_json, escape, human_bytes
+from snapver.cli.render import PlainConsole, console, emit_json, escape, fields_line, human_bytes
 from snapver.cli.state import STATE
 from snapver.model import quote_controls
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from snapver.config import Config, NodeSpec
     from snapver.transport.connect import Starting
 
@@ -79,9 +81,22 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
     err = console(stderr=True)
     show_bar = not json_out and err.is_terminal
 
+    live: list = []  # the progress bar while it is shown
+
     def done(result: NodePull) -> None:
-        if not json_out:
-            err.print(summary_line(result)) if result.error else out.print(summary_line(result))
+        if json_out:
+            return
+        target = err if result.error else out
+        if live and target.is_terminal:
+            # Through the bar's console, which clears the bar first (a console of its own would
+            # write past rich's stdout proxy, glued to the bar): the same screen.
+            target = live[0].console
+        if not target.is_terminal:
+            target.print(summary_line(result))
+            return
+        from snapver.cli.fit import print_wrapped
+
+        print_wrapped(target, summary_line(result, target))
 
     if show_bar:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -92,6 +107,7 @@ def _pull(config: Config, specs: list[NodeSpec], tag: str | None, message: str, 
             TextColumn(label), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err, transient=True
         ) as bar:
             task = bar.add_task("pull", total=None, files=0, total_files="?", nodes=escape(bar_names(specs)))
+            live.append(bar)
 
             def plan(files: int, size: int) -> None:
                 bar.update(task, total=size, total_files=files)
@@ -120,8 +136,9 @@ def bar_names(specs: list[NodeSpec], most: int = 3) -> str:
     return shown + (f" +{len(names) - most}" if len(names) > most else "")
 
 
-def summary_line(result: object) -> str:
-    """One line per node: files, changed, bytes transferred, seconds — or the error."""
+def summary_line(result: object, out: Console | PlainConsole | None = None) -> str:
+    """One line per node: files, changed, bytes transferred, seconds — or the error; on a
+    terminal (``out``) too narrow for it, broken between its fields."""
     from snapver.ops.snapshot import NodePull
 
     assert isinstance(result, NodePull)
@@ -132,11 +149,14 @@ def summary_line(result: object) -> str:
             message = f"{result.node}: {message}"
         hint = result.error.shown_hint
         return f"[red]snapver: error:[/red] {escape(message)}" + (f"\nhint: {escape(hint)}" if hint else "")
-    stats = (f"{result.files} files, {result.changed} changed, "
-             f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire), "
-             f"{result.seconds:.1f} s")
-    note = f"\n{name}: {escape(quote_controls(result.env_note))}" if result.env_note else ""
     if result.unchanged_since:
-        return f"{name}: unchanged since {result.unchanged_since[:10]} — {stats}{note}"
-    moved = ", environment changed" if result.env_changed else ""
-    return f"{name}: snapshot [bold]{result.snapshot[:10] if result.snapshot else '?'}[/bold] — {stats}{moved}{note}"
+        head = f"{name}: unchanged since {result.unchanged_since[:10]}"
+    else:
+        head = f"{name}: snapshot [bold]{result.snapshot[:10] if result.snapshot else '?'}[/bold]"
+    fields = [f"{head} — {result.files} files", f"{result.changed} changed",
+              f"{human_bytes(result.fetched_bytes)} transferred ({human_bytes(result.wire_bytes)} on the wire)",
+              f"{result.seconds:.1f} s"]
+    if result.env_changed and not result.unchanged_since:
+        fields.append("environment changed")
+    note = f"\n{name}: {escape(quote_controls(result.env_note))}" if result.env_note else ""
+    return (fields_line(out, fields, ", ") if out is not None else ", ".join(fields)) + note

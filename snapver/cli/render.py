@@ -71,7 +71,7 @@ _TAGS = re.compile(r"""((\\*)\[([a-z#/@][^[]*?)])""")
 _EMOJI = re.compile(r":\S*?:")
 _ESCAPE = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 # The only tags PlainConsole resolves itself: styles, which print nothing off a terminal.
-_STYLES = frozenset({"bold", "red", "green", "yellow", "cyan", "white"})
+_STYLES = frozenset({"bold", "dim", "red", "green", "yellow", "cyan", "white"})
 # Characters rich strips, expands (tab) or may treat apart: such text goes to rich.
 _UNSURE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 

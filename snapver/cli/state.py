@@ -34,9 +34,17 @@ class Globals:
     opened: tuple[Store, Config] | None = None  # the store a command opened, to sync after it
 
     def store(self, config: Config, create: bool = False) -> Store:
+        from snapver.config import NO_CONFIG_HINT
+        from snapver.errors import StoreError
         from snapver.store.repo import Store
 
-        store = Store.open_or_create(config.store_path) if create else Store(config.store_path)
+        try:
+            store = Store.open_or_create(config.store_path) if create else Store(config.store_path)
+        except StoreError as exc:
+            note = config.no_config_note()
+            if note and not config.store_path.exists():  # no store, and no config either: say both
+                raise StoreError(f"{exc.message}: {note}", hint=NO_CONFIG_HINT) from None
+            raise
         self.opened = (store, config)
         if self.command in SYNC_BEFORE and not self.auto_synced:
             auto_sync(store, config)

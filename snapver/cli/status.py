@@ -3,6 +3,7 @@ ops.status, render the fleet table (or the fleet matrix)."""
 
 from __future__ import annotations
 
+import re
 import stat
 from typing import Any
 
@@ -79,11 +80,13 @@ def render_status(result: Any) -> None:
     rows: list[tuple[str, ...]]
     rows = [(escape(row.node), _reachable(row), _snapshot(row), _drift(row), _known_good(row), _state(row),
              _restart(row)) for row in result.nodes]
-    if getattr(out, "is_terminal", False) and all(row[-1] in ("0", "-") for row in rows):
-        # On a screen a column of zeros is room the others need (80 columns); scripts that
-        # read the table (not a terminal) always get it.
-        columns, rows = columns[:-1], [row[:-1] for row in rows]
-    print_table(out, columns, rows)
+    # The restart column stays, zeros too: 0 says the processes were looked at.
+    if out.is_terminal:  # laid out for its width (cli/fit.py); scripts get the whole table
+        from snapver.cli.fit import print_fitted
+
+        print_fitted(out, columns, rows, lambda: (SHORT_COLUMNS, [_short_row(row) for row in result.nodes]))
+    else:
+        print_table(out, columns, rows)
     for row in result.nodes:
         if row.error is not None:
             print_error(row.error)
@@ -108,22 +111,64 @@ def render_status(result: Any) -> None:
         elif getattr(row, "restart_needed", None):
             out.print(f"{escape(row.node)}: {row.restart_needed} process(es) run code older than the tree: "
                       f"`snapver ps {escape(row.node)}` names them")
+        if getattr(row, "last_seen", False):
+            out.print(f"{escape(row.node)}: down: as last seen in snapshot {row.snapshot[:10]} "
+                      f"({age(row.age_seconds)} ago), not live")
         if row.unchecked and row.error is None:
-            out.print(f"{escape(row.node)}: {escape(row.unchecked)}")
+            _say(out, f"{escape(row.node)}: {escape(row.unchecked)}")
         for note in [*getattr(row, "not_compared", []), *getattr(row, "notes", [])]:
-            out.print(f"{escape(row.node)}: {escape(note)}")
+            _say(out, f"{escape(row.node)}: {escape(note)}")
         if row.drift:
             count = len(row.drift)
             out.print(f"\n{escape(row.node)}: {count} file{'s' if count != 1 else ''} changed since snapshot "
                       f"{row.snapshot[:10] if row.snapshot else '?'}")
             for item in row.drift:  # no label where nothing is known-good
-                label = _label(item)
-                out.print(f"  {item.status}  {show_path(item.path)}" + (f"  {label}" if label else ""))
+                _file_line(out, item.status, show_path(item.path), _label(item))
         if row.off and row.known_good is not None:
             out.print(f"\n{escape(row.node)}: {len(row.off)} file{'s' if len(row.off) != 1 else ''} "
-                      f"not as {show_path(row.known_good.label)}")
+                      f"not as {show_path(row.known_good.label)}"
+                      + (" when last seen" if getattr(row, "last_seen", False) else ""))
             for item in row.off:
-                out.print(f"  {item.status}  {show_path(item.path)}  {_label(item)}")
+                _file_line(out, item.status, show_path(item.path), _label(item))
+
+
+def _say(out: Any, markup: str) -> None:
+    """A note: on a terminal, wrapped at word boundaries."""
+    if out.is_terminal:
+        from snapver.cli.fit import print_wrapped
+
+        print_wrapped(out, markup)
+    else:
+        out.print(markup)
+
+
+def _file_line(out: Any, status: str, path: str, label: str) -> None:
+    """``  M  PATH  LABEL``; on a terminal too narrow, the label on the next line."""
+    if out.is_terminal:
+        from snapver.cli.fit import print_file
+
+        print_file(out, status, path, label)
+    else:
+        out.print(f"  {status}  {path}" + (f"  {label}" if label else ""))
+
+
+SHORT_COLUMNS = ("node", "up", "snapshot", "changed", "known-good", "state", "restart")
+
+
+def _short_row(row: Any) -> tuple[str, ...]:
+    """The row in short forms (7-digit ids, ages, no tags, no patch names: the lines below
+    the table name them) for a terminal too narrow for the whole table."""
+    snapshot = f"{row.snapshot[:7]} {age(row.age_seconds)}" if row.snapshot else "none"
+    if getattr(row, "last_seen", False):
+        snapshot = f"[dim]{snapshot}[/dim]"
+    known = row.known_good
+    known_good = ("RECORD" if known.kind == "record" else show_path(known.name)) if known is not None \
+        else _known_good(row)
+    from snapver.cli.fit import plain
+
+    state = re.sub(r" \([^)]*\)", "", plain(_state(row)))
+    return (escape(row.node), _reachable(row), snapshot, _drift(row).replace(" files", "").replace(" file", ""),
+            known_good, escape(state), _restart(row))
 
 
 def _restart(row: Any) -> str:
@@ -135,6 +180,8 @@ def _restart(row: Any) -> str:
 
 
 def _label(item: Any) -> str:
+    if getattr(item, "source", ""):  # differs from --against, but as its source makes it
+        return f"[green]{item.label} ({escape(item.source)})[/green]"
     if item.label == "patch":
         return f"[yellow]patch {show_list(item.patches)}[/yellow]"
     if item.label == "hot-fix":
@@ -160,7 +207,8 @@ def _snapshot(row: Any) -> str:
     if not row.snapshot:
         return "none (snapver pull)"
     tags = f" ({show_list(row.tags)})" if row.tags else ""
-    return f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
+    cell = f"{row.snapshot[:10]} {age(row.age_seconds)} ago{tags}"
+    return f"[dim]{cell}[/dim]" if getattr(row, "last_seen", False) else cell
 
 
 def _drift(row: Any) -> str:
@@ -182,8 +230,14 @@ def _known_good(row: Any) -> str:
 
 
 def _state(row: Any) -> str:
+    if getattr(row, "last_seen", False) and row.off is not None:  # down: its newest snapshot's state
+        return f"[dim]was {_live_state(row)}[/dim]"
     if row.error is not None:
         return "?"
+    return _live_state(row)
+
+
+def _live_state(row: Any) -> str:
     if row.off is None:
         return "[yellow]unknown[/yellow]"  # the note below says why
     if not row.off:
@@ -195,6 +249,9 @@ def _state(row: Any) -> str:
         parts.append(f"[yellow]{count} patched ({show_list(sorted(patched))})[/yellow]")
     if row.hot_fixed:
         parts.append(f"[red]{len(row.hot_fixed)} hot-fixed[/red]")
+    as_source = sum(1 for item in row.off if getattr(item, "source", ""))
+    if as_source:  # they differ from --against REF, but are pristine
+        parts.append(f"[green]{as_source} pristine[/green]")
     return ", ".join(parts)
 
 

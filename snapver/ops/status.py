@@ -30,6 +30,7 @@ from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
 from snapver.ops.checkout import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
 from snapver.ops.envrecord import environment_or_none, group_outlier_notes
+from snapver.ops.lastseen import snapshot_against_record
 from snapver.ops.layer import recreated_note, request_identity
 from snapver.ops.ledger import newest_record
 from snapver.ops.live import request_live
@@ -99,9 +100,11 @@ class DriftedFile:
     status: str  # M/A/D/T, reference → live
     label: str  # pristine | patch | hot-fix
     patches: tuple[str, ...] = ()
+    source: str = ""  # what makes it pristine when it differs from --against: "RECORD"
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "status": self.status, "label": self.label, "patches": list(self.patches)}
+        found = {"path": self.path, "status": self.status, "label": self.label, "patches": list(self.patches)}
+        return {**found, "source": self.source} if self.source else found
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class NodeStatus:
     notes: list[str] = field(default_factory=list)  # facts about the node beside its files (said under the table)
     left_out: int = 0  # files outside the snapshot's scope or the node's: the tree is not all the snapshot's
     container: dict[str, Any] | None = None  # the live container's ids, asked when its push record has some
+    last_seen: bool = False  # down: known-good and state are its newest snapshot's, not the live tree's
     # working state, not reported
     live: Manifest | None = field(default=None, repr=False)
     transport: Transport | None = field(default=None, repr=False)
@@ -187,7 +191,7 @@ class NodeStatus:
     def to_json(self) -> dict[str, Any]:
         off = self.off
         return {"node": self.node, "address": self.address, "reachable": self.reachable,
-                "snapshot": self.snapshot,
+                "live": self.live is not None, "last_seen": self.last_seen, "snapshot": self.snapshot,
                 "snapshot_time": self.snapshot_time.isoformat() if self.snapshot_time else None,
                 "age_seconds": None if self.age_seconds is None else round(self.age_seconds),
                 "tags": self.tags, "dist": self.dist, "files": self.files,
@@ -237,6 +241,9 @@ def status(store: Store | None, specs: list[NodeSpec], checksum: bool = False, c
             list(pool.map(lambda spec, row: _list_node(store, spec, row, tags, checksum, reference is None, records,
                                                                 heads),
                           specs, rows))
+            if store is not None:  # a down node: its newest snapshot, as last seen
+                list(pool.map(lambda row: _judge_last_seen(store, row, patches, digests),
+                              [row for row in rows if row.error is not None and not row.reachable and row.snapshot]))
             # RECORD hashes of the live blobs not seen before, from the store's copies:
             # once for the whole fleet (its nodes mostly hold the same files).
             for algo, oids in _unknown_blobs(rows, digests).items():
@@ -264,21 +271,18 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
         snapshot_manifest = None
         snapshot_scope = node_scope(spec)
         if store is not None:
-            row.snapshot = heads.get(spec.name)
-            if row.snapshot:
-                snapshot = store.commit(row.snapshot)
-                row.snapshot_time = snapshot.time
-                row.tags = sorted(tags.get(row.snapshot, []))
-                snapshot_manifest = store.manifest(row.snapshot)
+            snapshot = _read_history(store, spec, row, tags, heads)
+            if snapshot is not None:
+                snapshot_manifest = store.manifest(snapshot.id)
                 snapshot_scope = commit_scope(store, snapshot, node_scope(spec))
-            row.push = last_push(store, spec.name)
             if row.push and row.push.get("container"):  # asked of the engine while the node lists
                 row.asked_container = request_identity(spec)
         info = row.transport.info
         assert info is not None
         # Behind the listing: the RECORDs' sha256, which says whether another node sends the same.
+        # Read with --against too: a file that differs from the ref may still be as RECORD.
         record_digests = (row.transport.request("hash", paths=record_paths(info.dists), algo="sha256")
-                          if want_record and info.dists else None)
+                          if info.dists else None)
         head = request_head(row.transport) if want_record and from_checkout(info) else None
         row.reachable = True
         row.dist = info.dist_summary()
@@ -292,16 +296,15 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             row.drift = [
                 DriftedFile(c.path, c.status, "") for c in _drift(row, spec, snapshot_manifest, snapshot_scope)
             ]
-        if not want_record:
-            return
         if isinstance(committed, CommittedTree):
             row.committed = committed
             return
         if committed:
             row.notes.append(fallback_note(committed))
         if digests is None:
-            row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
-                                                f"{', '.join(spec.paths)} in {info.site_packages}")
+            if want_record:
+                row.unchecked = _nothing_known_good(f"no installed distribution (*.dist-info) owns "
+                                                    f"{', '.join(spec.paths)} in {info.site_packages}")
             return
         if store is not None and row.snapshot and row.drift == [] and not row.left_out and not checksum:
             row.record_differing = load_record_check(store, spec, row.snapshot, info.dists)
@@ -309,12 +312,45 @@ def _list_node(store: Store | None, spec: NodeSpec, row: NodeStatus, tags: dict[
             try:
                 row.record = records.get(row.transport, digests)
             except RemotePathError as exc:  # no RECORD file
-                row.unchecked = _nothing_known_good(exc.message.removeprefix(f"{spec.name}: "))
+                if want_record:
+                    row.unchecked = _nothing_known_good(exc.message.removeprefix(f"{spec.name}: "))
     except SnapverError as exc:
         row.error = exc
         # A missing or unreadable path is the node answering: it is reachable.
         row.reachable = row.reachable or isinstance(exc, RemotePathError)
         row.live = None
+        if store is not None and row.snapshot is None and not row.reachable:
+            try:
+                _read_history(store, spec, row, tags, heads)
+            except SnapverError:
+                pass  # the node's error is what the row says
+
+
+def _read_history(store: Store, spec: NodeSpec, row: NodeStatus, tags: dict[str, list[str]],
+                  heads: dict[str, str]) -> Any:
+    """The row's newest snapshot, its time and tags, and the node's last push; the snapshot's commit."""
+    row.snapshot = heads.get(spec.name)
+    row.push = last_push(store, spec.name)
+    if not row.snapshot:
+        return None
+    snapshot = store.commit(row.snapshot)
+    row.snapshot_time = snapshot.time
+    row.tags = sorted(tags.get(row.snapshot, []))
+    return snapshot
+
+
+def _judge_last_seen(store: Store, row: NodeStatus, patches: list[KnownPatch], digests: ContentDigests) -> None:
+    """A down node's known-good state as its newest snapshot held it (from the store alone)."""
+    assert row.snapshot is not None
+    try:
+        check = snapshot_against_record(store, row.snapshot, digests)
+    except SnapverError:
+        return  # the node's own error is the row's story
+    row.last_seen = True
+    if check is None:
+        return
+    row.known_good = KnownGood("record", check.dists)
+    row.off = [_labelled(path, status, check.manifest.get(path), patches) for path, status in check.differing]
 
 
 def _note_recreated(row: NodeStatus) -> None:
@@ -397,29 +433,23 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
     try:
         row.patches = patch_states(patches, row.live)
         differing: list[tuple[str, str]] | None = None
+        # Kept only by a status held against the RECORD (as before --against read it too).
+        against_record = _against_record(row, digests, store if reference is None else None)
         if reference is None and row.committed is not None:
             row.known_good = KnownGood("git", row.committed.label, row.committed.commit)
             differing = compare_with_commit(row.committed, row.live)
-        elif reference is None and (row.record is not None or row.record_differing is not None):
+        elif reference is None and against_record is not None:
             assert row.transport is not None and row.transport.info is not None
             dists = row.transport.info.dists
             row.known_good = KnownGood("record", ", ".join(f"{d.name} {d.version}" for d in dists) or "RECORD")
-            differing = row.record_differing
-            if differing is None:
-                assert row.record is not None
-                live_oids = {e.path: e.oid for e in row.live.entries.values()}
-                check = compare_with_record(row.record, live_oids,
-                                            record_hashes(row.record, live_oids, digests, row.transport))
-                statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
-                            **{p: ADDED for p in check.extra}}
-                differing = [(path, statuses[path]) for path in check.differing]
-                if store is not None and row.snapshot and row.drift == [] and not row.left_out:
-                    save_record_check(store, row.transport.spec, row.snapshot, dists, differing)
+            differing = against_record
         elif reference is not None and reference.manifest is not None:
             row.known_good = reference
             differing = [(c.path, c.status) for c in compare_manifests(reference.manifest, row.live)]
         if differing is not None:
-            row.off = [_labelled(path, status, row.live.get(path), patches) for path, status in differing]
+            # Against a ref, a file that differs from it but is as RECORD is pristine, not a hot-fix.
+            as_record = None if reference is None or against_record is None else {p for p, _ in against_record}
+            row.off = [_labelled(path, status, row.live.get(path), patches, as_record) for path, status in differing]
         if row.drift is not None:
             # Each change since the snapshot, labelled by what its live state is.
             off = {item.path: item for item in row.off or []}
@@ -428,6 +458,24 @@ def _judge_node(row: NodeStatus, reference: KnownGood | None, patches: list[Know
                          else DriftedFile(d.path, d.status, pristine) for d in row.drift]
     except SnapverError as exc:
         row.error = exc
+
+
+def _against_record(row: NodeStatus, digests: ContentDigests, store: Store | None) -> list[tuple[str, str]] | None:
+    """The live paths not as the node's RECORD (with M/A/D), from the cache or checked now;
+    None when the node has no RECORD."""
+    if row.record_differing is not None:
+        return row.record_differing
+    if row.record is None:
+        return None
+    assert row.live is not None and row.transport is not None and row.transport.info is not None
+    live_oids = {e.path: e.oid for e in row.live.entries.values()}
+    check = compare_with_record(row.record, live_oids, record_hashes(row.record, live_oids, digests, row.transport))
+    statuses = {**{p: MODIFIED for p in check.modified}, **{p: DELETED for p in check.missing},
+                **{p: ADDED for p in check.extra}}
+    differing = [(path, statuses[path]) for path in check.differing]
+    if store is not None and row.snapshot and row.drift == [] and not row.left_out:
+        save_record_check(store, row.transport.spec, row.snapshot, row.transport.info.dists, differing)
+    return differing
 
 
 def _record_check_key(spec: NodeSpec, snapshot: str, dists: Sequence[DistInfo]) -> dict[str, Any]:
@@ -462,9 +510,16 @@ def save_record_check(store: Store, spec: NodeSpec, snapshot: str, dists: Sequen
         pass
 
 
-def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPatch]) -> DriftedFile:
+def _labelled(path: str, status: str, live: Entry | None, patches: list[KnownPatch],
+              not_as_record: set[str] | None = None) -> DriftedFile:
+    """A file not as known-good, by its known source: a patch, else the RECORD (when held
+    against a ref: ``not_as_record`` the paths not as RECORD), else none (a hot-fix)."""
     names = tuple(p.name for p in patches if path in p.changes and _same(p.changes[path], live))
-    return DriftedFile(path, status, PATCH if names else HOTFIX, names)
+    if names:
+        return DriftedFile(path, status, PATCH, names)
+    if not_as_record is not None and path not in not_as_record:
+        return DriftedFile(path, status, PRISTINE, source="RECORD")
+    return DriftedFile(path, status, HOTFIX)
 
 
 def known_good_of(store: Store | None, config: Config | None, text: str) -> KnownGood:

@@ -85,3 +85,15 @@ def test_ui_pager_is_validated(make_site_packages, write_config, local_node, run
     config.write_text(config.read_text().replace(f"pager = {value}", "colour = 1"))
     result = run_snapver("log")
     assert result.code == 2 and "ui.colour: unknown key" in result.err, result
+
+
+def test_status_is_never_paged_as_git_status_is_not(changed: Path, tmp_path: Path) -> None:
+    """`status` went through the pager: at 80x24 it stopped at `(END)` and the next typed
+    command went to `less`. git pages diff, log and show, never status."""
+    ran = tmp_path / "pager-ran"
+    pager = {"SNAPVER_PAGER": f"touch {ran}; cat >/dev/null"}
+    screen = run_in_terminal("status", rows=3, env=pager)  # longer than the screen
+    assert screen.code == 1 and "laptop" in screen.text and screen.text.count("\n") >= 3, screen
+    assert not ran.exists(), "status started the pager"
+    run_in_terminal("diff", "laptop", rows=3, env=pager)  # the stand-in does run for what git pages
+    assert ran.exists()

@@ -51,18 +51,20 @@ def addresses(run_snapver) -> list[str]:
 
 def test_at_80_columns_nothing_is_wider_and_nothing_that_matters_is_cut(fleet, run_snapver) -> None:
     nodes = screen("nodes", "--check", columns=80)
-    assert all(len(line) <= 80 for line in nodes), nodes
     text = "\n".join(nodes)
     for address in addresses(run_snapver):  # whole: the nodes stay apart
         assert address in text, (address, text)
-    assert "…" in text and fleet["ct200"] not in text  # the paths gave way, by their middle
-    assert re.search(r"/tmp\S*…\S*ackages", text), text  # both ends kept
+    # A record per node: what it checked (the python path, site-packages) is never cut; only
+    # a path longer than the screen (these test paths are) is a line wider than it.
+    assert "…" not in text and fleet["ct200"] in text and fleet["ct129"] in text, text
+    assert all(len(line) <= 80 for line in nodes if line.strip() not in fleet.values()), nodes
 
     status = screen("status", columns=80)
     assert all(len(line) <= 80 for line in status[:3]), status  # the table; notes below may be long
     for node in ("ct200", "ct129"):
         row = next(line for line in status if line.startswith(node))
-        assert re.search(r"\b[0-9a-f]{10} \d+[smhd] ago\b", row), row  # the snapshot cell on one line
+        # The snapshot cell on one line: whole, or in the short form when the table needs it.
+        assert re.search(r"\b([0-9a-f]{10} \d+[smhd] ago|[0-9a-f]{7} \d+[smhd])\b", row), row
 
     log = screen("log", columns=80)
     assert all(len(line) <= 80 for line in log if not line.startswith("    round")), log

@@ -142,8 +142,14 @@ def test_against_a_folder(one_node: dict, tmp_path: Path) -> None:
         handle.write("# the known-good copy has this line\n")
     code, document = status_json(config, "--against", str(folder))
     row = document["nodes"][0]
-    assert code == 1 and row["known_good"]["kind"] == "ref" and row["known_good"]["commit"] is None
-    assert [(f["path"], f["label"]) for f in row["known_good"]["files"]] == [(SERVER_ARGS, "hot-fix")]
+    # The node's file differs from the folder, but is as its RECORD: pristine, not a hot-fix.
+    assert code == 0 and row["known_good"]["kind"] == "ref" and row["known_good"]["commit"] is None
+    assert [(f["path"], f["label"]) for f in row["known_good"]["files"]] == [(SERVER_ARGS, "pristine")]
+    with open(site / SERVER_ARGS, "a") as handle:
+        handle.write("# and the node another\n")
+    code, document = status_json(config, "--against", str(folder))
+    files = document["nodes"][0]["known_good"]["files"]
+    assert code == 1 and [(f["path"], f["label"]) for f in files] == [(SERVER_ARGS, "hot-fix")], files
 
 
 def test_against_a_tag_and_nothing_known_good_without_a_record(one_node: dict) -> None:
@@ -407,3 +413,58 @@ def test_fleet_matrix_quotes_a_path_as_diff_does(small_fleet: dict) -> None:
     assert '- A -  "sglang/srt/new\\nline.py"' in text.out.splitlines(), text
     names = run_inproc("--config", config, "diff", "--name-status", "ct200", "ct129")
     assert names.out == 'A\t"sglang/srt/new\\nline.py"\n', names
+
+
+def test_against_a_ref_labels_a_file_by_its_known_source(one_node: dict, tmp_path: Path) -> None:
+    """A folder imported as may22 has a local edit of DFLASH; on ct200 that file is pristine
+    per the RECORD. `status --against may22` said `hot-fix`, `1 hot-fixed`: differing from
+    the reference and having no known source are two facts, and only the second is a hot-fix."""
+    config = one_node["config"]
+    folder = tmp_path / "may22-copy" / "srt"
+    folder.parent.mkdir()
+    subprocess.run(["cp", "-a", str(one_node["site"] / "sglang" / "srt"), str(folder)], check=True)
+    edited = folder / "speculative" / "dflash_worker_v2.py"
+    edited.write_text(edited.read_text() + "# local edit in the May 22 copy\n")
+    imported = run_inproc("--config", config, "import", str(folder), "--node", "ct200", "--date", "2026-05-22",
+                          "--tag", "may22")
+    assert imported.code == 0, imported
+
+    code, document = status_json(config, "--against", "may22", "ct200")
+    row = document["nodes"][0]
+    files = {item["path"]: item for item in row["known_good"]["files"]}
+    assert set(files) == {DFLASH}, files  # it differs from may22: said
+    assert files[DFLASH]["label"] == "pristine" and files[DFLASH]["source"] == "RECORD", files
+    assert row["known_good"]["hot_fixed"] == 0 and code == 0, row
+
+    table = run_inproc("--config", config, "status", "--against", "may22", "ct200")
+    assert "hot-fix" not in table.out and f"M  {DFLASH}  pristine (RECORD)" in table.out, table.out
+
+    # A file with no known source is still a hot-fix against the ref.
+    live = one_node["site"] / RUNNER
+    live.write_text(live.read_text() + "# by hand\n")
+    code, document = status_json(config, "--against", "may22", "ct200")
+    labels = {item["path"]: item["label"] for item in document["nodes"][0]["known_good"]["files"]}
+    assert labels == {DFLASH: "pristine", RUNNER: "hot-fix"} and code == 1, labels
+
+
+def test_a_down_node_keeps_its_last_seen_state(one_node: dict, tmp_path: Path, ssh_node) -> None:
+    """ct200 unreachable (pointed at a closed port) after a pull: its row read `no  none
+    (snapver pull)` and --json `"snapshot": null`, while `log` lists its snapshots."""
+    config, store = one_node["config"], one_node["store"]
+    live = one_node["site"] / DFLASH
+    live.write_text(live.read_text() + "# hot-fix by hand\n")
+    assert run_inproc("--config", config, "pull", "ct200").code == 0
+    head = git(store, "rev-parse", "refs/heads/nodes/ct200").strip()
+    write_config(tmp_path, {"ct200": ssh_node("ct200", one_node["site"], port=1, connect_timeout=2)})
+
+    code, document = status_json(config)
+    row = document["nodes"][0]
+    assert code == 3 and row["reachable"] is False and row["live"] is False, row
+    assert row["snapshot"] == head and row["age_seconds"] is not None, row
+    seen = row["known_good"]
+    assert seen["kind"] == "record" and seen["hot_fixed"] == 1 and seen["files"][0]["path"] == DFLASH, seen
+
+    table = run_inproc("--config", config, "status")
+    line = next(text for text in table.out.splitlines() if text.startswith("ct200"))
+    assert head[:7] in line and "no" in line.split() and "was 1 hot-fixed" in line, table.out
+    assert f"ct200: down: as last seen in snapshot {head[:10]}" in table.out, table.out

@@ -220,6 +220,45 @@ def is_snapvers(argv):
     return False
 
 
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def may_run_tree(argv, site, owner, path_dirs):
+    """Whether a process this user cannot read (its maps, exe) could run the tree, judged by
+    what anyone may read: its command line. No when it is snapver's own, or names a program
+    that is not a Python and names neither site-packages nor the deployment (``process_api``,
+    ``sleep``); yes otherwise (a Python, or a command line renamed by setproctitle)."""
+    if not argv or is_snapvers(argv):
+        return False
+    text = " ".join(argv)
+    if site in text or (owner and owner in text):
+        return True
+    program = argv[0].split()[0] if argv[0].split() else ""
+    if "/" not in program:
+        found = [os.path.join(d, program) for d in path_dirs if d and os.path.isfile(os.path.join(d, program))]
+        program = found[0] if found else ""
+    if not program.startswith("/"):
+        return True  # no program of that name here: renamed, so maybe a Python
+    # A path (another mount namespace's, as pid 1's, may not be here): its name, and its target's.
+    names = (os.path.basename(program), os.path.basename(os.path.realpath(program)))
+    return any(name.startswith("python") for name in names)
+
+
+def _unreadable_row(pid, exc, site, owner, path_dirs):
+    """[pid, name, why] of a process that could not be read, or None when it cannot run the tree."""
+    try:
+        argv = [part.decode("utf-8", "replace") for part in _proc_text(pid, "cmdline").rstrip(b"\0").split(b"\0")]
+    except (OSError, ValueError):
+        argv = []
+    if argv and argv != [""] and not may_run_tree(argv, site, owner, path_dirs):
+        return None
+    try:
+        comm = _stat_fields(pid)[0]
+    except (OSError, ValueError, IndexError):
+        comm = "?"
+    return [pid, comm, exc.strerror or str(exc)]
+
+
 def _is_python(exe, maps):
     """A Python interpreter by what it runs: its binary, or a libpython it maps (an
     embedding program, a binary renamed)."""
@@ -396,6 +435,7 @@ def op_ps(channel, request):
     boot = _boot_time()
     skip = _own_lineage()
     found, unreadable, scanned = [], [], 0
+    path_dirs = (os.environ.get("PATH") or _DEFAULT_PATH).split(":")
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in skip:
             continue
@@ -409,11 +449,9 @@ def op_ps(channel, request):
         except FileNotFoundError:
             continue  # it ended while looked at
         except (PermissionError, ProcessLookupError) as exc:
-            try:
-                comm = _stat_fields(pid)[0]
-            except (OSError, ValueError, IndexError):
-                comm = "?"
-            unreadable.append([pid, comm, exc.strerror or str(exc)])
+            unreadable_row = _unreadable_row(pid, exc, site, owner, path_dirs)
+            if unreadable_row is not None:
+                unreadable.append(unreadable_row)
             continue
         row["uid"], row["user"] = uid, _user_name(uid)
         row["started_ns"] = int((boot + row.pop("ticks") / float(ticks_per_second)) * 1e9)
