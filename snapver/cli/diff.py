@@ -26,7 +26,10 @@ def diff(
                                      "relative to site-packages or a tracked path, file names, or globs."),
     name_status: bool = typer.Option(False, "--name-status", help="One line per changed file: M/A/D/T, tab, path."),
     stat: bool = typer.Option(False, "--stat", help="A diffstat."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing (git's --quiet); the exit code says "
+                               "(0 same, 1 differ). For GNU diff -q's lines: --brief."),
+    brief: bool = typer.Option(False, "--brief", help="One line per differing file, as GNU diff -q says it: "
+                               "`Files A/path and B/path differ`, `Only in A/dir: name`."),
     unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
     json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
@@ -38,6 +41,9 @@ def diff(
                                        "site-packages), instead of the matched layout."),
 ) -> int:
     """Compare two trees by content: exit 0 identical, 1 different.
+
+    Prints a unified diff; or --stat, --name-status, --brief (GNU diff -q's
+    lines), -q (nothing).
 
     Examples:
       snapver diff ct200              # live tree against its newest snapshot
@@ -51,8 +57,8 @@ def diff(
     if len(refs) > 2:
         raise UsageError(f"diff takes one or two trees, got {len(refs)}: {' '.join(refs)}",
                          hint="put paths after `--`: snapver diff A B -- sglang/srt/x.py")
-    if sum((name_status, stat, quiet, json_out)) > 1:
-        raise UsageError("choose one of --name-status, --stat, -q and --json")
+    if sum((name_status, stat, quiet, brief, json_out)) > 1:
+        raise UsageError("choose one of --name-status, --stat, --brief, -q and --json")
     config = STATE.config()
     # Connecting to the nodes the refs name live begins now, while the diff's modules load
     # and the store is read (the resolver decides; a connection it does not use is closed).
@@ -62,7 +68,7 @@ def diff(
 
         store = _store_if_any(config)
         result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                          contents=not (quiet or name_status or json_out), context=unified, checksum=checksum,
+                          contents=not (quiet or name_status or brief or json_out), context=unified, checksum=checksum,
                           root=root, starting=starting)
     code = outcome(result.exit_code)
     if not json_out and not quiet:
@@ -73,6 +79,8 @@ def diff(
         pass
     elif name_status:
         _name_status(result)
+    elif brief:
+        _write_lines(brief_lines(result))
     elif stat:
         print_stat(result)
     else:
@@ -133,6 +141,40 @@ def _name_status(result: Any) -> None:
     for change in result.changes:
         out.write(f"{change.status}\t{show_path(change.path, markup=False)}\n".encode("utf-8", "surrogateescape"))
     out.flush()
+
+
+def _write_lines(lines: list[str]) -> None:
+    out = sys.stdout.buffer
+    for line in lines:
+        out.write(f"{line}\n".encode("utf-8", "surrogateescape"))
+    out.flush()
+
+
+def brief_lines(result: Any) -> list[str]:
+    """One line per change in GNU ``diff -rq``'s words, each side named by its ref
+    (``Files ct200/x and ct129/x differ``, ``Only in ct129/dir: name``); a mode change,
+    which GNU diff does not see, is said in the same form."""
+    from snapver.model import ADDED, DELETED, LINK, quote_path
+    from snapver.ops.diff import git_mode
+
+    a_name, b_name = (side.ref.text.rstrip("/") or "/" for side in (result.a, result.b))
+    lines = []
+    for change in result.changes:
+        path = change.path
+        if change.status in (DELETED, ADDED):
+            folder, _, name = path.rpartition("/")
+            side = a_name if change.status == DELETED else b_name
+            lines.append(f"Only in {quote_path(f'{side}/{folder}' if folder else side)}: {quote_path(name)}")
+            continue
+        old, new = quote_path(f"{a_name}/{path}"), quote_path(f"{b_name}/{path}")
+        if change.old.kind != change.new.kind:
+            kinds = ["a symbolic link" if e.kind == LINK else "a regular file" for e in (change.old, change.new)]
+            lines.append(f"File {old} is {kinds[0]} while file {new} is {kinds[1]}")
+        elif change.old.oid == change.new.oid:
+            lines.append(f"Files {old} and {new} differ in mode ({git_mode(change.old)} -> {git_mode(change.new)})")
+        else:
+            lines.append(f"Files {old} and {new} differ")
+    return lines
 
 
 def print_stat(result: Any) -> None:
