@@ -30,7 +30,9 @@ def diff(
                                "(0 same, 1 differ). For GNU diff -q's lines: --brief."),
     brief: bool = typer.Option(False, "--brief", help="One line per differing file, as GNU diff -q says it: "
                                "`Files A/path and B/path differ`, `Only in A/dir: name`."),
-    unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
+    # A metavar and no `min=`: typer's `<int range> [x>=0]` widened the column of types
+    # until the long option names were cut at 80 columns.
+    unified: int = typer.Option(3, "-U", "--unified", metavar="N", help="Lines of context (0 or more)."),
     json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
@@ -57,6 +59,8 @@ def diff(
     if len(refs) > 2:
         raise UsageError(f"diff takes one or two trees, got {len(refs)}: {' '.join(refs)}",
                          hint="put paths after `--`: snapver diff A B -- sglang/srt/x.py")
+    if unified < 0:
+        raise UsageError(f"-U/--unified takes 0 or more lines of context, not {unified}", hint="e.g. -U 10")
     if sum((name_status, stat, quiet, brief, json_out)) > 1:
         raise UsageError("choose one of --name-status, --stat, --brief, -q and --json")
     config = STATE.config()

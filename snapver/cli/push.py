@@ -216,7 +216,7 @@ def push(
     Examples:
       snapver push fix-attn ct200 --dry-run
       snapver push fix-attn tp8 --health "python -c 'import sglang'"
-      snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
+      snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sgl"
     """
     from snapver.ops.hooks import hooks_for
     from snapver.ops.ps import stale_after_write
