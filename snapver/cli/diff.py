@@ -64,33 +64,70 @@ def diff(
     if sum((name_status, stat, quiet, brief, json_out)) > 1:
         raise UsageError("choose one of --name-status, --stat, --brief, -q and --json")
     config = STATE.config()
+    from snapver.ops.diff_group import group_nodes, names_nodes
+
+    group = refs[0] if len(refs) == 1 and names_nodes(config, refs[0]) else None
     # Connecting to the nodes the refs name live begins now, while the diff's modules load
     # and the store is read (the resolver decides; a connection it does not use is closed).
-    live = dict.fromkeys(node for node in map(_live_node_named, refs) if node in config.nodes)
+    named = group_nodes(config, group) if group else [_live_node_named(ref) for ref in refs]
+    live = dict.fromkeys(node for node in named if node in config.nodes)
+    contents = not (quiet or name_status or brief or json_out)
     with Starting([config.node(node) for node in live]) as starting:
+        store = _store_if_any(config)
+        if group is not None:
+            from snapver.ops.diff_group import diff_group
+
+            grouped = diff_group(store, config, group, paths, contents=contents, context=unified,
+                                 checksum=checksum, starting=starting)
+            return _render_group(grouped, json_out=json_out, quiet=quiet, same=same,
+                                 mode=_mode(name_status, stat, brief))
         from snapver.ops.diff import diff as run_diff
 
-        store = _store_if_any(config)
-        result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                          contents=not (quiet or name_status or brief or json_out), context=unified, checksum=checksum,
-                          root=root, starting=starting)
+        result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths, contents=contents,
+                          context=unified, checksum=checksum, root=root, starting=starting)
     code = outcome(result.exit_code)
-    if not json_out and not quiet:
-        _report_selection(result)
     if json_out:
         emit_json(result.to_json())
-    elif quiet:
-        pass
-    elif name_status:
+    elif not quiet:
+        _report_selection(result)
+        _render(result, _mode(name_status, stat, brief), same)
+    return code
+
+
+def _mode(name_status: bool, stat: bool, brief: bool) -> str:
+    return "name-status" if name_status else "stat" if stat else "brief" if brief else "unified"
+
+
+def _render(result: Any, mode: str, same: bool) -> None:
+    """One diff's text on stdout, in ``mode``; ``same``: the identical files after it."""
+    if mode == "name-status":
         _name_status(result)
-    elif brief:
-        _write_lines(brief_lines(result))
-    elif stat:
+    elif mode == "stat":
         print_stat(result)
+    elif mode == "brief":
+        _write_lines(brief_lines(result))
     else:
         _unified(result)
-    if same and not (json_out or quiet):
+    if same:
         _identical(result)
+
+
+def _render_group(grouped: Any, json_out: bool, quiet: bool, same: bool, mode: str) -> int:
+    """`diff GROUP`: each node's diff after a `NODE:` line (none for a node with no
+    difference; none in --brief, whose lines name the node)."""
+    code = outcome(grouped.exit_code)
+    if json_out:
+        emit_json(grouped.to_json())
+        return code
+    if quiet:
+        return code
+    for result in grouped.results:
+        _report_selection(result)
+        if result.identical and not same:
+            continue
+        if mode != "brief":
+            _write_lines([f"{show_path(result.b.node or '?', markup=False)}:"])
+        _render(result, mode, same)
     return code
 
 

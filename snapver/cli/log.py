@@ -12,7 +12,7 @@ from snapver.cli.state import STATE
 
 @app.command()
 def log(
-    node: str | None = typer.Argument(None, help="Only this node's snapshots."),
+    node: str | None = typer.Argument(None, help="Only this node's snapshots (or a group's, or a range's)."),
     limit: int | None = typer.Option(None, "-n", help="At most N snapshots.", min=1),
     since: str | None = typer.Option(None, "--since", metavar="DATE",
                                         help="Only snapshots taken on or after DATE (2026-05-22, may22, ISO time)."),

@@ -276,3 +276,14 @@ def closest_paths(operand: str, paths: Iterable[str], roots: Sequence[str]) -> l
         in_folders = sum(folder in where for folder in folders) / len(folders) if folders else 0.0
         scored.append((-(in_folders + similar + (0.5 if holds else 0.0)), candidate))
     return [candidate for _score, candidate in sorted(scored)[:SUGGESTED]]
+
+
+def one_path(operand: str, paths: Iterable[str], roots: Sequence[str], where: str) -> str:
+    """The one file a path operand names (the grammar of ``diff -- PATH``): an operand that
+    names none, or several, is a UsageError (exit 2) listing the nearest or those it names."""
+    found = select_paths([operand], paths, roots, where)[operand]
+    if len(found) > 1:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise UsageError(f"path {operand!r} names {len(found)} files in {where}: {shown}",
+                         hint="name one of them (a longer path, e.g. " + found[0] + ")")
+    return found[0]
