@@ -92,7 +92,7 @@ def show(
     Examples:
       snapver show ct200      # its newest snapshot, and what it changed
       snapver show may22 server_args.py
-      snapver show ct200@live speculative/dflash_worker.py | wc -l
+      snapver show ct200@live dflash_worker.py   # the live file
     """
     from snapver.ops.log import content
     from snapver.ops.log import show as run_show
