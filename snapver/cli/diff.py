@@ -107,7 +107,7 @@ def _render(result: Any, mode: str, same: bool) -> None:
     elif mode == "brief":
         _write_lines(brief_lines(result))
     else:
-        _unified(result)
+        print_unified(result)
     if same:
         _identical(result)
 
@@ -249,7 +249,8 @@ _COLOURS = ((b"diff --git ", b"\033[1m"), (b"index ", b"\033[1m"), (b"--- ", b"\
             (b"deleted file mode ", b"\033[1m"), (b"@@", b"\033[36m"), (b"+", b"\033[32m"), (b"-", b"\033[31m"))
 
 
-def _unified(result: Any) -> None:
+def print_unified(result: Any) -> None:
+    """The unified diff text of a diff result (coloured on a terminal)."""
     out = sys.stdout.buffer
     colour = STATE.color and sys.stdout.isatty()
     for file in result.files or []:
