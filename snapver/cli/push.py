@@ -269,6 +269,9 @@ def push(
 
 def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
     out = console()
+    if plan.unsaved:  # what is pushed is the saved patch, not the folder being edited
+        console(stderr=True).print(f"note: patch {escape(name)}: its folder has edits not saved "
+                                   f"(snapver patch save {escape(name)})")
     names = ", ".join(n.node for n in plan.nodes)
     out.print(f"push {escape(name)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
               f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))

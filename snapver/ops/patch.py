@@ -910,6 +910,22 @@ def _entry_key(entry: Entry | None) -> tuple[str, str, int] | None:
     return entry.kind, entry.oid, stat.S_IMODE(entry.mode) if entry.kind == FILE else 0
 
 
+def unsaved_edits(store: Store, config: Config, patch: Patch) -> list[str]:
+    """The files edited in the patch's checkout (``patch new``) that ``patch save`` has not
+    recorded; none without a checkout (or with one that is not readable as such)."""
+    folder = checkout_folder(store, patch.name)
+    if not folder.is_dir():
+        return []
+    try:
+        marker = _read_marker(folder)
+        known = store.manifest(marker["parent"])
+    except (UsageError, KeyError):
+        return []
+    scanned, _ = scan_checkout(folder, marker.get("paths") or patch.paths, known, _excludes(config, patch),
+                               marker.get("umask", 0))
+    return [item.path for item in changed_files(known, scanned)]
+
+
 def _require_clean_checkout(store: Store, config: Config, patch: Patch, folder: Path) -> None:
     marker = _read_marker(folder)
     known = store.manifest(marker["parent"])

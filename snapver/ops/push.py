@@ -24,7 +24,7 @@ from snapver.ops.broken import BrokenFile, big_binary, conflict_markers, syntax_
 from snapver.ops.hooks import Hooks
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
-from snapver.ops.patch import Patch, load_patch, unseen_versions
+from snapver.ops.patch import Patch, load_patch, unsaved_edits, unseen_versions
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.rollback import apply_rollback, plan_rollback
 from snapver.ops.run import NodeRun, Pauses, execute
@@ -50,6 +50,7 @@ class PushPlan:
     force: bool = False
     broken: list[BrokenFile] = field(default_factory=list)  # files that would land broken
     allow_broken: bool = False
+    unsaved: list[str] = field(default_factory=list)  # edited in the patch's checkout, not saved
 
     @property
     def refused_broken(self) -> bool:
@@ -106,7 +107,7 @@ class PushPlan:
     def to_json(self) -> dict[str, Any]:
         return {"patch": self.patch.name, "commit": self.patch.commit, "base": self.patch.base,
                 "force": self.force, "nothing_to_do": self.nothing_to_do, "allow_broken": self.allow_broken,
-                "broken": [b.to_json() for b in self.broken],
+                "broken": [b.to_json() for b in self.broken], "unsaved": self.unsaved,
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
@@ -181,7 +182,7 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
         raise UsageError(f"patch {name!r} names no target nodes", hint=f"say where: `snapver push {name} NODE...`")
     specs = config.select(names, all_nodes)
     if not patch.files:
-        return PushPlan(patch, [NodePlan(spec) for spec in specs], force)
+        return PushPlan(patch, [NodePlan(spec) for spec in specs], force, unsaved=unsaved_edits(store, config, patch))
     broken, python_sources = _landing_content(store, patch)
     found: dict[str, list[BrokenFile]] = {spec.name: [] for spec in specs}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(specs))) as pool:
@@ -193,7 +194,7 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
             node.notes.append(f"an interrupted {prior.action} ({prior.patch or 'rollback'}, "
                               f"{prior.time:%Y-%m-%d %H:%M}) left this node part-written; "
                               f"`snapver rollback {node.node}` restores {str(prior.restore)[:10]}")
-    return PushPlan(patch, nodes, force, broken, allow_broken)
+    return PushPlan(patch, nodes, force, broken, allow_broken, unsaved_edits(store, config, patch))
 
 
 def _landing_content(store: Store, patch: Patch) -> tuple[list[BrokenFile], dict[str, bytes]]:
