@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,17 @@ def snapver(*args: str, env: dict[str, str] | None = None, **popen: object) -> s
     full = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "snapver", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full, stdin=subprocess.DEVNULL, **popen)
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """The processes a test starts: ended whatever happens (a held one waits for its gate)."""
+    processes: list[subprocess.Popen[str]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=60)
 
 
 def wait_for(path: Path, what: str) -> None:
@@ -126,12 +138,13 @@ def test_a_symlinked_or_missing_config_is_refused(sshd, run_snapver, tmp_path: P
     assert missing.code == 2 and "no .snapver" in missing.err and "snapver init" in missing.err, missing
 
 
-def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_path: Path) -> None:
+def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_path: Path, started) -> None:
     config = Path(".snapver")
     config.write_text(hand_written(sshd))
     gate = tmp_path / "gate"
     first = snapver("nodes", "add", "ct129", "--host", "10.0.0.2", "--python", "/p",
                     env={"SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE": str(gate)})
+    started.append(first)
     wait_for(Path(f"{gate}.waiting"), "the first edit reaching its write")
     saved = hand_written(sshd) + "# saved by an editor meanwhile\n"
     with open(config, "r+") as handle:  # in place, as many editors save
@@ -143,14 +156,16 @@ def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_p
     assert sorted(os.listdir(".")) == [".snapver"]
 
 
-def test_a_second_snapver_waits_and_both_nodes_are_added(sshd, tmp_path: Path) -> None:
+def test_a_second_snapver_waits_and_both_nodes_are_added(sshd, tmp_path: Path, started) -> None:
     config = Path(".snapver")
     config.write_text(hand_written(sshd))
     gate = tmp_path / "gate"
     first = snapver("nodes", "add", "ct129", "--host", "10.0.0.2", "--python", "/p",
                     env={"SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE": str(gate)})
+    started.append(first)
     wait_for(Path(f"{gate}.waiting"), "the first edit reaching its write")
     second = snapver("nodes", "add", "fleet00", "--host", "10.0.0.3", "--python", "/p")
+    started.append(second)
     assert second.stderr is not None
     assert "waiting for another snapver" in second.stderr.readline()  # it holds off, then:
     gate.touch()
