@@ -9,6 +9,8 @@ give no callback: nothing is held.
   ``SNAPVER_TEST_PAUSE_SECONDS`` (default an hour) or until interrupted.
 - ``SNAPVER_TEST_PAUSE_AFTER_WRITE=SECONDS``: once a node is written, before its health
   check, sleep that long or until interrupted.
+- ``SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE=GATE``: `nodes add`/`rm`, before the config
+  is compared and replaced: says so in GATE.waiting, then waits for the file GATE.
 """
 
 from __future__ import annotations
@@ -44,3 +46,25 @@ def pause_after_write() -> Callable[[str], None] | None:
         return None
     seconds = float(value)
     return lambda node: interrupt.pause(seconds)
+
+
+PAUSE_BEFORE_CONFIG_WRITE = "SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE"
+
+
+def pause_before_config_write() -> Callable[[], None] | None:
+    """For `nodes add`/`rm`: once the new config is written beside the old, before the
+    compare-and-swap, make the file GATE.waiting and wait (at most an hour) until the
+    file GATE exists; None if unset."""
+    gate = os.environ.get(PAUSE_BEFORE_CONFIG_WRITE)
+    if not gate:
+        return None
+
+    def hold() -> None:
+        import time
+
+        open(f"{gate}.waiting", "w").close()
+        deadline = time.monotonic() + 3600
+        while not os.path.exists(gate) and time.monotonic() < deadline and not interrupt.requested():
+            interrupt.pause(0.02)
+
+    return hold

@@ -108,6 +108,8 @@ def _one_usage_style(command: Any) -> None:
     """
     if type(command) is TyperCommand:
         command.__class__ = SnapverCommand
+    if command.help and not getattr(command, "_help_flowed", False):
+        command.help, command._help_flowed = flow_help(command.help), True
     if command.name in WIDE_COMMANDS and not any(param.name == "wide" for param in command.params):
         command.params.insert(-1 if command.params and command.params[-1].name == "help" else len(command.params),
                               _wide_option())
@@ -116,6 +118,30 @@ def _one_usage_style(command: Any) -> None:
             param.metavar = (param.name or "").upper()
     for sub in getattr(command, "commands", {}).values():
         _one_usage_style(sub)
+
+
+def flow_help(text: str) -> str:
+    """A command's help as typer's rich layout shows it well at any width.
+
+    A paragraph's prose lines are joined into one (rich wraps it to the terminal: a line
+    written for 88 columns would otherwise break twice at 80); an indented line (an
+    example) stays as written. The text after the first paragraph starts with an empty
+    line: typer dedents that text ignoring its first line, which took the examples'
+    indent away when they came right after the first paragraph.
+    """
+    import inspect
+
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and line[:1] not in ("", " ") and lines[-1][:1] != " " and not lines[-1].endswith(":"):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    first, *rest = paragraphs
+    return first + ("\n\n\n" + "\n\n".join(rest) if rest else "")
 
 
 app = typer.Typer(

@@ -146,6 +146,7 @@ COMPLETERS: dict[tuple[str | None, str], Callable[[Any, str], list[str]]] = {
     (None, "to"): ref_names,
     (None, "patch"): patch_names,
     ("tag", "name"): tag_names,
+    ("rm", "name"): lambda ctx, incomplete: node_names(ctx, incomplete, groups=False),  # nodes rm
     **{(command, "name"): patch_names for command in ("save", "show", "export", "rebase", "delete")},
 }
 

@@ -26,8 +26,13 @@ def diff(
                                      "relative to site-packages or a tracked path, file names, or globs."),
     name_status: bool = typer.Option(False, "--name-status", help="One line per changed file: M/A/D/T, tab, path."),
     stat: bool = typer.Option(False, "--stat", help="A diffstat."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing; the exit code says (0 same, 1 differ)."),
-    unified: int = typer.Option(3, "-U", "--unified", min=0, help="Lines of context."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing (git's --quiet); the exit code says "
+                               "(0 same, 1 differ). For GNU diff -q's lines: --brief."),
+    brief: bool = typer.Option(False, "--brief", help="One line per differing file, as GNU diff -q says it: "
+                               "`Files A/path and B/path differ`, `Only in A/dir: name`."),
+    # A metavar and no `min=`: typer's `<int range> [x>=0]` widened the column of types
+    # until the long option names were cut at 80 columns.
+    unified: int = typer.Option(3, "-U", "--unified", metavar="N", help="Lines of context (0 or more)."),
     json_out: JsonOpt = False,
     checksum: bool = typer.Option(False, "-c", "--checksum",
                                   help="Hash every live file, even those whose stat is unchanged since the last pull."),
@@ -41,6 +46,9 @@ def diff(
 ) -> int:
     """Compare two trees by content: exit 0 identical, 1 different.
 
+    Prints a unified diff; or --stat, --name-status, --brief (GNU diff -q's
+    lines), -q (nothing).
+
     Examples:
       snapver diff ct200              # live tree against its newest snapshot
       snapver diff ct200 ct129 -- sglang/srt/layers/attention
@@ -53,37 +61,78 @@ def diff(
     if len(refs) > 2:
         raise UsageError(f"diff takes one or two trees, got {len(refs)}: {' '.join(refs)}",
                          hint="put paths after `--`: snapver diff A B -- sglang/srt/x.py")
-    if sum((name_status, stat, quiet, json_out)) > 1:
-        raise UsageError("choose one of --name-status, --stat, -q and --json")
+    if unified < 0:
+        raise UsageError(f"-U/--unified takes 0 or more lines of context, not {unified}", hint="e.g. -U 10")
+    if sum((name_status, stat, quiet, brief, json_out)) > 1:
+        raise UsageError("choose one of --name-status, --stat, --brief, -q and --json")
     config = STATE.config()
     if env:
         return _env_diff(config, refs, paths, json_out, quiet or name_status or stat)
+    from snapver.ops.diff_group import group_nodes, names_nodes
+
+    group = refs[0] if len(refs) == 1 and names_nodes(config, refs[0]) else None
     # Connecting to the nodes the refs name live begins now, while the diff's modules load
     # and the store is read (the resolver decides; a connection it does not use is closed).
-    live = dict.fromkeys(node for node in map(_live_node_named, refs) if node in config.nodes)
+    named = group_nodes(config, group) if group else [_live_node_named(ref) for ref in refs]
+    live = dict.fromkeys(node for node in named if node in config.nodes)
+    contents = not (quiet or name_status or brief or json_out)
     with Starting([config.node(node) for node in live]) as starting:
+        store = _store_if_any(config)
+        if group is not None:
+            from snapver.ops.diff_group import diff_group
+
+            grouped = diff_group(store, config, group, paths, contents=contents, context=unified,
+                                 checksum=checksum, starting=starting)
+            return _render_group(grouped, json_out=json_out, quiet=quiet, same=same,
+                                 mode=_mode(name_status, stat, brief))
         from snapver.ops.diff import diff as run_diff
 
-        store = _store_if_any(config)
-        result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths,
-                          contents=not (quiet or name_status or json_out), context=unified, checksum=checksum,
-                          root=root, starting=starting)
+        result = run_diff(store, config, refs[0], refs[1] if len(refs) > 1 else None, paths, contents=contents,
+                          context=unified, checksum=checksum, root=root, starting=starting)
     code = outcome(result.exit_code)
-    if not json_out and not quiet:
-        _report_selection(result)
-        _report_environment(result, refs)
     if json_out:
         emit_json(result.to_json())
-    elif quiet:
-        pass
-    elif name_status:
+    elif not quiet:
+        _report_selection(result)
+        _report_environment(result, refs)
+        _render(result, _mode(name_status, stat, brief), same)
+    return code
+
+
+def _mode(name_status: bool, stat: bool, brief: bool) -> str:
+    return "name-status" if name_status else "stat" if stat else "brief" if brief else "unified"
+
+
+def _render(result: Any, mode: str, same: bool) -> None:
+    """One diff's text on stdout, in ``mode``; ``same``: the identical files after it."""
+    if mode == "name-status":
         _name_status(result)
-    elif stat:
+    elif mode == "stat":
         print_stat(result)
+    elif mode == "brief":
+        _write_lines(brief_lines(result))
     else:
-        _unified(result)
-    if same and not (json_out or quiet):
+        print_unified(result)
+    if same:
         _identical(result)
+
+
+def _render_group(grouped: Any, json_out: bool, quiet: bool, same: bool, mode: str) -> int:
+    """`diff GROUP`: each node's diff after a `NODE:` line (none for a node with no
+    difference; none in --brief, whose lines name the node)."""
+    code = outcome(grouped.exit_code)
+    if json_out:
+        emit_json(grouped.to_json())
+        return code
+    if quiet:
+        return code
+    for result in grouped.results:
+        _report_selection(result)
+        if result.identical and not same:
+            continue
+        if mode != "brief":
+            _write_lines([f"{show_path(result.b.node or '?', markup=False)}:"])
+        _render(result, mode, same)
     return code
 
 
@@ -182,6 +231,40 @@ def _name_status(result: Any) -> None:
     out.flush()
 
 
+def _write_lines(lines: list[str]) -> None:
+    out = sys.stdout.buffer
+    for line in lines:
+        out.write(f"{line}\n".encode("utf-8", "surrogateescape"))
+    out.flush()
+
+
+def brief_lines(result: Any) -> list[str]:
+    """One line per change in GNU ``diff -rq``'s words, each side named by its ref
+    (``Files ct200/x and ct129/x differ``, ``Only in ct129/dir: name``); a mode change,
+    which GNU diff does not see, is said in the same form."""
+    from snapver.model import ADDED, DELETED, LINK, quote_path
+    from snapver.ops.diff import git_mode
+
+    a_name, b_name = (side.ref.text.rstrip("/") or "/" for side in (result.a, result.b))
+    lines = []
+    for change in result.changes:
+        path = change.path
+        if change.status in (DELETED, ADDED):
+            folder, _, name = path.rpartition("/")
+            side = a_name if change.status == DELETED else b_name
+            lines.append(f"Only in {quote_path(f'{side}/{folder}' if folder else side)}: {quote_path(name)}")
+            continue
+        old, new = quote_path(f"{a_name}/{path}"), quote_path(f"{b_name}/{path}")
+        if change.old.kind != change.new.kind:
+            kinds = ["a symbolic link" if e.kind == LINK else "a regular file" for e in (change.old, change.new)]
+            lines.append(f"File {old} is {kinds[0]} while file {new} is {kinds[1]}")
+        elif change.old.oid == change.new.oid:
+            lines.append(f"Files {old} and {new} differ in mode ({git_mode(change.old)} -> {git_mode(change.new)})")
+        else:
+            lines.append(f"Files {old} and {new} differ")
+    return lines
+
+
 def print_stat(result: Any) -> None:
     """The diffstat of a diff result (`diff --stat`, and what `show` says a snapshot changed)."""
     files = result.files or []
@@ -213,7 +296,8 @@ _COLOURS = ((b"diff --git ", b"\033[1m"), (b"index ", b"\033[1m"), (b"--- ", b"\
             (b"deleted file mode ", b"\033[1m"), (b"@@", b"\033[36m"), (b"+", b"\033[32m"), (b"-", b"\033[31m"))
 
 
-def _unified(result: Any) -> None:
+def print_unified(result: Any) -> None:
+    """The unified diff text of a diff result (coloured on a terminal)."""
     out = sys.stdout.buffer
     colour = STATE.color and sys.stdout.isatty()
     for file in result.files or []:

@@ -239,7 +239,7 @@ def push(
     Examples:
       snapver push fix-attn ct200 --dry-run
       snapver push fix-attn tp8 --health "python -c 'import sglang'"
-      snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sglang"
+      snapver push fix-attn tp8 --waves 1,100% --restart "systemctl restart sgl"
     """
     from snapver.cli.rollout import busy_units, push_budget, render_units
     from snapver.ops.answer import ask_before, check_request_options, requests_for
@@ -322,6 +322,9 @@ def _render_baselines(baselines: list) -> list:
 
 def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
     out = console()
+    if plan.unsaved:  # what is pushed is the saved patch, not the folder being edited
+        console(stderr=True).print(f"note: patch {escape(name)}: its folder has edits not saved "
+                                   f"(snapver patch save {escape(name)})")
     names = ", ".join(n.node for n in plan.nodes)
     out.print(f"push {escape(name)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
               f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))

@@ -57,23 +57,63 @@ def _container_line(container: dict) -> str:
     return f"{where} {escape(short_id(container['id']))}, image {escape(short_id(container.get('image')))}"
 
 
+def _live_node(config: object, ref: str | None) -> str | None:
+    """The node of a ``NODE@live`` ref, else None."""
+    from snapver.config import Config
+
+    assert isinstance(config, Config)
+    if ref is None:
+        return None
+    node = config.live_name(ref)
+    return node if node != ref else None
+
+
+def _show_live(config: object, node: str, ref: str, path: str | None, json_out: bool) -> int:
+    """`show NODE@live PATH`: the live file, written as it arrives."""
+    from snapver.errors import UsageError
+    from snapver.ops.show_live import show_live
+
+    if path is None:
+        raise UsageError(f"{ref!r} is a live tree: only a snapshot fits here, or a file of the live tree",
+                         hint=f"snapver show {ref} PATH (or `snapver show {node}` for its newest snapshot)")
+    if json_out:
+        raise UsageError("--json shows a snapshot's file, not a live one",
+                         hint=f"snapver show {node}@latest {path} --json")
+    live = show_live(config, node, path)  # type: ignore[arg-type]
+    try:
+        out = sys.stdout.buffer
+        for piece in live.pieces:
+            out.write(piece)
+        out.flush()
+    finally:
+        live.close()
+    return 0
+
+
 @app.command()
 def show(
-    ref: str = typer.Argument(..., help="A snapshot: tag, node, node~2, node@may22, hex id …"),
-    path: str | None = typer.Argument(None, help="A file, relative to site-packages."),
+    ref: str | None = typer.Argument(None, help="A snapshot: tag, node, node~2, node@may22, hex id … "
+                                     "(default: the newest); NODE@live with a PATH: the live file."),
+    path: str | None = typer.Argument(None, help="A file as after `diff --`: relative to site-packages "
+                                      "or a tracked path, a file name, or a glob naming one file."),
     json_out: bool = typer.Option(False, "--json", help="Metadata as JSON."),
 ) -> int:
     """A snapshot's metadata, or one file's content in it.
 
+    With no REF, the newest snapshot of any node (as `git show`).
+
     Examples:
       snapver show ct200      # its newest snapshot, and what it changed
-      snapver show may22 sglang/srt/server_args.py
-      snapver show ct200~1 --json
+      snapver show may22 server_args.py
+      snapver show ct200@live dflash_worker.py   # the live file
     """
     from snapver.ops.log import content
     from snapver.ops.log import show as run_show
 
     config = STATE.config()
+    live_node = _live_node(config, ref)
+    if live_node is not None:
+        return _show_live(config, live_node, ref or "", path, json_out)
     store = STATE.store(config)
     result = run_show(store, config, ref, path)
     info = result.snapshot

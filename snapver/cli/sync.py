@@ -16,7 +16,7 @@ def sync(
     reclaim: bool = typer.Option(False, "--reclaim", help="Replace refs under this store's writer id that "
                                  "another store published (one that used the same id and is gone)."),
 ) -> int:
-    """Fetch every writer's snapshots, tags, patches and push records from [store] remote,
+    """Fetch every writer's snapshots, tags, patches and push records from \\[store] remote,
     then publish this store's own under its writer id.
 
     Exit 0 when done, 1 when a tag names different snapshots for two writers (shown; fix

@@ -112,8 +112,13 @@ def parse_since(text: str) -> datetime:
 
 def log(store: Store, config: Config, node: str | None = None, limit: int | None = None,
         since: datetime | None = None) -> list[SnapshotInfo]:
-    """Snapshots newest first, of one node or of all (``since``: only those taken then or later)."""
+    """Snapshots newest first, of one node, of a group's (or a node range's) nodes, or of
+    all (``since``: only those taken then or later)."""
+    from snapver.ops.diff_group import group_nodes, names_nodes
+
     view = TeamView(store)
+    if node is not None and node not in config.nodes and names_nodes(config, node):
+        return _of_nodes(store, view, set(group_nodes(config, node)), limit, since)
     heads = view.by_writer(refs.NODES)  # every writer's branch of each node (a team store)
     if node is not None and node not in heads:
         if node in config.nodes:
@@ -128,6 +133,15 @@ def log(store: Store, config: Config, node: str | None = None, limit: int | None
     return [describe(c, tags, pushed) for c in commits]
 
 
+def _of_nodes(store: Store, view: TeamView, nodes: set[str], limit: int | None,
+              since: datetime | None) -> list[SnapshotInfo]:
+    """The snapshots of several nodes, newest first, in the one order of every node's history."""
+    commits = [c for c in view.snapshots(None) if c.meta.get("node") in nodes
+               and (since is None or c.time >= since)][:limit]
+    tags, pushed = tags_by_commit(store, view), push_events(store, view)
+    return [describe(c, tags, pushed) for c in commits]
+
+
 @dataclass(frozen=True)
 class ShowResult:
     snapshot: SnapshotInfo
@@ -139,10 +153,19 @@ class ShowResult:
     environment: Environment | None = None  # what the snapshot recorded under its tree, if it did
 
 
-def show(store: Store, config: Config, ref: str, path: str | None = None) -> ShowResult:
+def newest_snapshot(store: Store) -> str:
+    """The newest snapshot of any node (what ``show`` with no ref shows, as ``git show``)."""
+    newest = TeamView(store).snapshots(None, limit=1)
+    if not newest:
+        raise RefError("no snapshots yet", hint="snapver pull NODE")
+    return newest[0].id
+
+
+def show(store: Store, config: Config, ref: str | None, path: str | None = None) -> ShowResult:
     """A snapshot's metadata and manifest and the files changed from its parent, or one
-    file's content in it."""
-    commit_id = resolve_snapshot(store, config, ref)
+    file's content in it (``path`` as after ``diff --``: a path, a file name or a glob).
+    No ``ref``: the newest snapshot."""
+    commit_id = newest_snapshot(store) if ref is None else resolve_snapshot(store, config, ref)
     commit = store.commit(commit_id)
     info = describe(commit, tags_by_commit(store), push_events(store))
     manifest = store.manifest(commit_id)
@@ -153,20 +176,24 @@ def show(store: Store, config: Config, ref: str, path: str | None = None) -> Sho
         changes = diff(store, config, parent, commit_id, contents=True) if parent else None
         return ShowResult(info, manifest, parent=parent, changes=changes,
                           environment=snapshot_environment(store, commit_id, commit.meta))
-    path = path.strip("/")
-    entry = manifest.get(path)
-    if entry is None or path == MANIFEST_PATH:
-        import difflib
-
-        near = difflib.get_close_matches(path, list(manifest.entries), n=3, cutoff=0.8)
-        raise RefError(f"{path!r} is not in snapshot {commit_id[:10]}",
-                       hint=("did you mean: " + ", ".join(near)) if near else "paths are relative to site-packages")
+    path = _one_file(config, commit, manifest, path)
+    entry = manifest.entries[path]
     if entry.kind == SPECIAL:  # the store keeps a line saying what it is, never content to print
         record = store.blob_head(entry.oid, 200).decode("ascii", "replace").strip()
         what = record.rpartition("special file: ")[2] or "special file"
         raise UsageError(f"{path!r} is a {what} in snapshot {commit_id[:10]}: a special file has no content to show",
                          hint=f"`snapver show {ref}` lists the snapshot's files")
     return ShowResult(info, None, path, entry)
+
+
+def _one_file(config: Config, commit: Commit, manifest: Manifest, operand: str) -> str:
+    """The file of a snapshot that ``operand`` names, in the grammar of ``diff -- PATH``."""
+    from snapver.folders import tracked_paths
+    from snapver.ops.trees import normalize_paths, one_path
+
+    roots = list(dict.fromkeys([*tracked_paths(config), *(commit.meta.get("paths") or ())]))
+    files = [path for path in manifest.entries if path != MANIFEST_PATH]
+    return one_path(normalize_paths([operand])[0], files, roots, f"snapshot {commit.id[:10]}")
 
 
 def content(store: Store, entry: Entry) -> Iterator[bytes]:

@@ -26,7 +26,7 @@ from snapver.ops.hooks import Hooks
 from snapver.ops.layer import layer_warning
 from snapver.ops.ledger import PushState, Record, newest_record
 from snapver.ops.nodeio import check_paths, open_node
-from snapver.ops.patch import Patch, load_patch, unseen_versions
+from snapver.ops.patch import Patch, load_patch, unsaved_edits, unseen_versions
 from snapver.ops.plan import MAX_PARALLEL, WRITE, NodePlan, Step, classify, within
 from snapver.ops.rollback import apply_rollback, plan_rollback
 from snapver.ops.run import NodeRun, Pauses
@@ -54,6 +54,7 @@ class PushPlan:
     broken: list[BrokenFile] = field(default_factory=list)  # files that would land broken
     allow_broken: bool = False
     units: list[Unit] = field(default_factory=list)  # what waves count: serving groups whole, other nodes alone
+    unsaved: list[str] = field(default_factory=list)  # edited in the patch's checkout, not saved
 
     @property
     def refused_broken(self) -> bool:
@@ -117,6 +118,7 @@ class PushPlan:
                 "force": self.force, "nothing_to_do": self.nothing_to_do, "allow_broken": self.allow_broken,
                 "broken": [b.to_json() for b in self.broken], "units": [u.to_json() for u in self.units],
                 "layer_warning": self.layer_warning,
+                "unsaved": self.unsaved,
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
@@ -193,7 +195,8 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
     check_whole_groups(config, [spec.name for spec in specs], name)
     units = plan_units(config, [spec.name for spec in specs])
     if not patch.files:
-        return PushPlan(patch, [NodePlan(spec) for spec in specs], force, units=units)
+        return PushPlan(patch, [NodePlan(spec) for spec in specs], force, units=units,
+                        unsaved=unsaved_edits(store, config, patch))
     broken, python_sources = _landing_content(store, patch)
     found: dict[str, list[BrokenFile]] = {spec.name: [] for spec in specs}
     with ThreadPoolExecutor(min(MAX_PARALLEL, len(specs))) as pool:
@@ -206,7 +209,7 @@ def plan_push(store: Store, config: Config, name: str, targets: list[str] | None
                               f"{prior.time:%Y-%m-%d %H:%M}) left this node part-written; "
                               f"`snapver rollback {node.node}` restores {str(prior.restore)[:10]}")
     _note_split_groups(units, nodes)
-    return PushPlan(patch, nodes, force, broken, allow_broken, units)
+    return PushPlan(patch, nodes, force, broken, allow_broken, units, unsaved=unsaved_edits(store, config, patch))
 
 
 def _note_split_groups(units: list[Unit], nodes: list[NodePlan]) -> None:

@@ -231,25 +231,69 @@ def match_operand(operand: str, paths: Iterable[str], roots: Sequence[str]) -> l
 
 def select_paths(operands: Sequence[str], paths: Iterable[str], roots: Sequence[str],
                  where: str = "either tree") -> dict[str, list[str]]:
-    """``{operand: the files it names}`` (see ``match_operand``); an operand naming none is a
-    UsageError (exit 2) that offers the files whose names are closest to it."""
+    """``{operand: the files it names}`` (see ``match_operand``); operands naming none are one
+    UsageError (exit 2) naming every one of them, with the paths closest to each."""
     listed = sorted(set(paths), key=os.fsencode)
-    matched = {}
-    for operand in operands:
-        found = match_operand(operand, listed, roots)
-        if not found:
-            raise UsageError(f"path {operand!r} matches no file in {where}", hint=_closest(operand, listed, roots))
-        matched[operand] = found
+    matched = {operand: match_operand(operand, listed, roots) for operand in operands}
+    missing = [operand for operand, found in matched.items() if not found]
+    if missing:
+        raise _no_match(missing, listed, roots, where)
     return matched
 
 
-def _closest(operand: str, paths: list[str], roots: Sequence[str]) -> str:
-    """A did-you-mean by file-name similarity (``dflash_worker_v2.py`` for ``dflash_worker.py``)."""
-    by_name: dict[str, list[str]] = {}
+def _no_match(missing: list[str], listed: list[str], roots: Sequence[str], where: str) -> UsageError:
+    where_roots = f"site-packages or to {', '.join(roots)}" if roots else "site-packages"
+    rules = f"a path is relative to {where_roots}, a file name, or a glob"
+    offers = {operand: closest_paths(operand, listed, roots) for operand in missing}
+    if len(missing) == 1:
+        near = offers[missing[0]]
+        return UsageError(f"path {missing[0]!r} matches no file in {where}",
+                          hint=f"did you mean {' or '.join(near)}? ({rules})" if near else rules)
+    said = [f"{operand}: did you mean {' or '.join(near)}?" for operand, near in offers.items() if near]
+    return UsageError(f"paths {', '.join(map(repr, missing))} match no file in {where}",
+                      hint="; ".join([*said, rules]))
+
+
+SUGGESTED = 3  # paths offered per operand that matched nothing
+
+
+def closest_paths(operand: str, paths: Iterable[str], roots: Sequence[str]) -> list[str]:
+    """The files or folders nearest to a path operand that matched nothing, nearest first.
+
+    Ranked by the folders and the name together: the share of the operand's folders the
+    path lies in, the file names' similarity, and a bonus when one name holds the other
+    (``cuda_graph_runner.py`` → ``model_executor/runner/decode_cuda_graph_runner.py``
+    before ``model_executor/cpu_graph_runner.py``). Globs get no suggestion.
+    """
+    if _is_glob(operand):
+        return []
+    relative = next((operand[len(root) + 1:] for root in roots if operand.startswith(root + "/")), operand)
+    *folders, name = relative.split("/")
+    stem = name.rsplit(".", 1)[0]
+    candidates = set()
     for path in paths:
-        by_name.setdefault(_basename(path), []).append(path)
-    near = difflib.get_close_matches(_basename(operand), list(by_name), n=3, cutoff=0.6)
-    shown = [path for name in near for path in by_name[name]][:5]
-    where = f"site-packages or to {', '.join(roots)}" if roots else "site-packages"
-    rules = f"a path is relative to {where}, a file name, or a glob"
-    return f"did you mean {' or '.join(shown)}? ({rules})" if shown else rules
+        candidates.add(path)
+        parts = path.split("/")
+        candidates.update("/".join(parts[:end]) for end in range(1, len(parts)))
+    scored = []
+    for candidate in candidates:
+        *where, base = candidate.split("/")
+        similar = difflib.SequenceMatcher(None, name, base).ratio()
+        other = base.rsplit(".", 1)[0]
+        holds = (len(stem) >= 3 and stem in base) or (len(other) >= 3 and other in name)
+        if similar < 0.6 and not holds:
+            continue
+        in_folders = sum(folder in where for folder in folders) / len(folders) if folders else 0.0
+        scored.append((-(in_folders + similar + (0.5 if holds else 0.0)), candidate))
+    return [candidate for _score, candidate in sorted(scored)[:SUGGESTED]]
+
+
+def one_path(operand: str, paths: Iterable[str], roots: Sequence[str], where: str) -> str:
+    """The one file a path operand names (the grammar of ``diff -- PATH``): an operand that
+    names none, or several, is a UsageError (exit 2) listing the nearest or those it names."""
+    found = select_paths([operand], paths, roots, where)[operand]
+    if len(found) > 1:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise UsageError(f"path {operand!r} names {len(found)} files in {where}: {shown}",
+                         hint="name one of them (a longer path, e.g. " + found[0] + ")")
+    return found[0]

@@ -431,8 +431,8 @@ def test_every_help_has_examples_and_one_spelling_of_arguments(run_snapver) -> N
         usages[" ".join(command)] = usage.group(1).strip()
         assert "{" not in usage.group(1) and not re.search(r"\b[a-z]+\]", usage.group(1)), usage.group(1)
     assert usages["diff"] == "diff [OPTIONS] REF [REF] [-- PATH...]"
-    assert usages["log"] == "log [OPTIONS] [NODE]"
-    assert usages["show"] == "show [OPTIONS] REF [PATH]"
+    assert usages["log"] == "log [OPTIONS] [NODE] [-- PATH...]"
+    assert usages["show"] == "show [OPTIONS] [REF] [PATH]"  # SPEC: show [REF] [PATH]
     assert usages["tag"] == "tag [OPTIONS] [NAME] [REF]"
     assert usages["pull"] == "pull [OPTIONS] [NODE|GROUP]..."
     assert usages["status"] == "status [OPTIONS] [NODE|GROUP]... [-- PATH...]"

@@ -70,6 +70,7 @@ complete_words snapver patch sa
 complete_words snapver patch show ''
 complete_words snapver pull --a
 complete_words snapver --config .snapver diff may22 la
+complete_words snapver nodes rm ''
 """, on_path)
     assert done.returncode == 0 and done.stderr == "", done
     lines = done.stdout.splitlines()
@@ -88,6 +89,7 @@ complete_words snapver --config .snapver diff may22 la
         "fix-attn ",
         "--all ",
         "lab laptop ",
+        "lab laptop ",  # nodes rm NAME: nodes only
     ], done.stdout
 
 

@@ -287,6 +287,22 @@ def _excludes(config: Config, patch: Patch) -> tuple[str, ...]:
 
 
 
+def unsaved_edits(store: Store, config: Config, patch: Patch) -> list[str]:
+    """The files edited in the patch's checkout (``patch new``) that ``patch save`` has not
+    recorded; none without a checkout (or with one that is not readable as such)."""
+    folder = checkout_folder(store, patch.name)
+    if not folder.is_dir():
+        return []
+    try:
+        marker = _read_marker(folder)
+        known = store.manifest(marker["parent"])
+    except (UsageError, KeyError):
+        return []
+    scanned, _ = scan_checkout(folder, marker.get("paths") or patch.paths, known, _excludes(config, patch),
+                               marker.get("umask", 0))
+    return [item.path for item in changed_files(known, scanned)]
+
+
 def require_clean_checkout(store: Store, config: Config, patch: Patch, folder: Path) -> None:
     marker = _read_marker(folder)
     known = store.manifest(marker["parent"])
