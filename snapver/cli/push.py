@@ -190,7 +190,7 @@ HealthMatchOpt = Annotated[str | None, typer.Option(
     "--health-match", metavar="PATH", help="Compare only this dotted JSON path of the answer (text, "
     "choices.0.text); default: the whole body.")]
 HealthRequestTimeoutOpt = Annotated[float | None, typer.Option(
-    "--health-request-timeout", metavar="SECONDS", help="Seconds each health request may take (default 60).")]
+    "--health-request-timeout", metavar="S", help="Seconds each health request may take (default 60).")]
 
 
 @app.command()
@@ -209,7 +209,7 @@ def push(
     max_fail: str | None = typer.Option(None, "--max-fail", metavar="N|P%", help=MAX_FAIL_HELP),
     health: str | None = typer.Option(None, "--health", metavar="CMD",
                                          help="Run CMD (sh) on each node after writing; failure rolls it back."),
-    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1,
+    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1, metavar="S",
                                                    help="Seconds the restart and each health check may take "
                                                    "(default: the config's health_timeout, else 300)."),
     restart: str | None = typer.Option(None, "--restart", metavar="CMD",
@@ -366,7 +366,7 @@ def rollback(
     health: str | None = typer.Option(None, "--health", metavar="CMD", help="Run CMD (sh) after restoring."),
     health_url: str | None = typer.Option(None, "--health-url", metavar="URL",
                                              help="Poll URL from the node after restoring until it answers 2xx."),
-    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1,
+    health_timeout: float | None = typer.Option(None, "--health-timeout", min=1, metavar="S",
                                                    help="Seconds the restart and each health check may take."),
     waves: str | None = typer.Option(None, "--waves", metavar="SPEC",
                                         help="Restore in waves, e.g. 1,100% (as push --waves; the config's waves "

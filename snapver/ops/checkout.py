@@ -113,9 +113,12 @@ def install_line(info: NodeInfo, head: CommittedTree | str | None) -> str:
     """How ``nodes --check`` says what the node's Python found: ``sglang 0.5.23 (editable at
     /sgl-workspace/sglang/python, git v0.5.23 a1b2c3d)``; a wheel as its distributions."""
     install = info.install
-    if install is None or not install.from_source:
-        return info.dist_summary()
-    where = [f"{install.how} at {install.root}"]
+    if install is None or not install.from_source or (install.how == "source" and not install.checkout
+                                                        and install.found_by == "config"):
+        return info.dist_summary()  # a configured tree with no checkout: nothing found to tell
+    # The root said once: the site-packages line shows a configured one already.
+    said = install.found_by == "config" and install.root == info.site_packages
+    where = [install.how if said else f"{install.how} at {install.root}"]
     if isinstance(head, CommittedTree):
         where.append(f"git {head.tag} {head.commit[:7]}" if head.tag else f"git {head.commit[:7]}")
     elif head:

@@ -98,7 +98,7 @@ def test_a_bad_result_is_refused_before_anything_is_written(sshd, run_snapver) -
     config.write_text(hand_written(sshd))
     before = config.read_bytes()
     for args, said in ((["ct129", "--host", "bad host", "--python", "/usr/bin/python3"], "nodes.ct129.host"),
-                       (["ct129", "--host", "10.0.0.1"], "needs site_packages or python"),
+                       (["ct129", "--local"], "needs site_packages or python"),
                        (["tp8", "--host", "10.0.0.1", "--python", "/p"], "group"),
                        (["ct129", "--host", "10.0.0.1", "--port", "70000", "--python", "/p"], "port")):
         result = run_snapver("nodes", "add", *args)
