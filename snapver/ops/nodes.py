@@ -8,7 +8,7 @@ from typing import Any
 
 from snapver.config import Config, NodeSpec
 from snapver.errors import SnapverError
-from snapver.ops.checkout import from_checkout, install_line, request_head
+from snapver.ops.sourcetree import from_checkout, install_line, request_head
 from snapver.transport.connect import open_transport
 
 

@@ -248,7 +248,7 @@ def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int
         keep_stat_keys_packed(store, result.node, result.keys)
     if result.snapshot and result.record is not None:
         save_record_source(store, result.node, result.snapshot, result.record.source)
-    if head and result.env_oid and (result.snapshot or result.parent_env != result.env_oid):
+    if head and result.env_oid and (result.snapshot or result.parent_env not in ("", result.env_oid)):
         remember_env_oid(store, result.node, head, result.env_oid)
     if tag and head:
         _tag(store, tag if nodes == 1 else f"{tag}-{result.node}", head, result)
@@ -355,7 +355,9 @@ def _take_environment(result: NodePull, reply: Callable[[], Environment] | None)
 
 
 def _env_moved(store: Store, result: NodePull) -> bool:
-    """True when the node's environment is not the one its last snapshot recorded."""
+    """True when the node's environment is not the one its last snapshot recorded. A last
+    snapshot that recorded none (taken before environments were, or with `environment =
+    false`) makes no snapshot of an unchanged tree: nothing is known to have moved."""
     if result.env_oid is None or result.parent is None:
         return False
     if result.parent_env is None:
@@ -363,7 +365,7 @@ def _env_moved(store: Store, result: NodePull) -> bool:
             result.parent_env = recorded_env_oid(store, result.node, result.parent) or ""
         except StoreError:
             result.parent_env = ""
-    return result.parent_env != result.env_oid
+    return result.parent_env not in ("", result.env_oid)
 
 
 def _with_rows(store: Store, result: NodePull) -> Manifest | None:

@@ -28,7 +28,6 @@ from snapver.config import Config, NodeSpec
 from snapver.environment import Environment
 from snapver.errors import RemotePathError, SnapverError, StoreError, UsageError
 from snapver.model import ADDED, DELETED, FILE, MODIFIED, Change, DistInfo, Entry, Manifest, compare_manifests
-from snapver.ops.checkout import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
 from snapver.ops.envrecord import environment_or_none, group_outlier_notes
 from snapver.ops.lastseen import snapshot_against_record
 from snapver.ops.layer import recreated_note, request_identity
@@ -45,6 +44,7 @@ from snapver.ops.record import (
     record_paths,
 )
 from snapver.ops.scope import Scope, commit_scope, node_scope, unrecorded_note, within_both
+from snapver.ops.sourcetree import CommittedTree, compare_with_commit, fallback_note, from_checkout, request_head
 from snapver.ops.trees import live_manifest, load_sides, normalize_paths, path_matches
 from snapver.store import refs
 from snapver.store.cache import RECORD_CHECK_VERSION, of_version, record_check_path, write_atomic

@@ -14,8 +14,8 @@ from typing import Any
 
 from snapver.config import NodeSpec
 from snapver.errors import RemotePathError, SnapverError
-from snapver.ops.checkout import CommittedTree, compare_with_commit, from_checkout, request_head
 from snapver.ops.record import compare_with_record, hash_like_record, read_records
+from snapver.ops.sourcetree import CommittedTree, compare_with_commit, from_checkout, request_head
 from snapver.ops.trees import live_manifest
 from snapver.transport.base import Transport
 from snapver.transport.connect import open_transport

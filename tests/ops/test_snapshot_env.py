@@ -125,3 +125,19 @@ def test_environment_false_records_none(local_node, make_site_packages, write_co
     assert ".snapver/env" not in names and "env" not in meta(tmp_path / "snapshots")
     shown = run_snapver("show", "ct200", cwd=tmp_path)
     assert "environment:   not recorded" in shown.out
+
+
+def test_an_unchanged_tree_whose_last_snapshot_recorded_no_environment_makes_no_snapshot(
+        local_node, make_site_packages, write_config, run_snapver, tmp_path: Path) -> None:
+    """A store whose snapshots predate environments (here: taken with ``environment =
+    false``): turning it on makes no 0-file snapshot per node; the next real change records it."""
+    site = make_site_packages("ct200", files={"sglang/srt/a.py": "a = 1\n"})
+    write_config({"ct200": local_node(site, environment=False)}, where=tmp_path)
+    assert run_snapver("pull", "ct200", cwd=tmp_path).code == 0
+    write_config({"ct200": local_node(site)}, where=tmp_path)
+    again = run_snapver("pull", "ct200", cwd=tmp_path)
+    assert again.code == 0 and "unchanged since" in again.out, again
+    assert snapshots(tmp_path / "snapshots") == 1
+    (site / "sglang/srt/a.py").write_text("a = 2\n")
+    assert run_snapver("pull", "ct200", cwd=tmp_path).code == 0
+    assert snapshots(tmp_path / "snapshots") == 2 and "env" in meta(tmp_path / "snapshots")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from snapver.model import FILE, LINK, Entry, Manifest
-from snapver.ops.checkout import CommittedTree, committed_tree, compare_with_commit
+from snapver.ops.sourcetree import CommittedTree, committed_tree, compare_with_commit
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
 PATHS, EXCLUDE = ("sglang/srt",), ("__pycache__/", "*.pyc")
