@@ -1,3 +1,3 @@
 """snapver: version control for the code deployed on GPU nodes."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
