@@ -138,7 +138,9 @@ def test_a_symlinked_or_missing_config_is_refused(sshd, run_snapver, tmp_path: P
     assert missing.code == 2 and "no .snapver" in missing.err and "snapver init" in missing.err, missing
 
 
-def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_path: Path, started) -> None:
+def add_held_at_its_write(sshd, tmp_path: Path, started: list) -> tuple[Path, Path, subprocess.Popen]:
+    """A `nodes add ct129` (a real second process) held just before it replaces `.snapver`;
+    touching the gate lets it go on."""
     config = Path(".snapver")
     config.write_text(hand_written(sshd))
     gate = tmp_path / "gate"
@@ -146,6 +148,11 @@ def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_p
                     env={"SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE": str(gate)})
     started.append(first)
     wait_for(Path(f"{gate}.waiting"), "the first edit reaching its write")
+    return config, gate, first
+
+
+def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_path: Path, started) -> None:
+    config, gate, first = add_held_at_its_write(sshd, tmp_path, started)
     saved = hand_written(sshd) + "# saved by an editor meanwhile\n"
     with open(config, "r+") as handle:  # in place, as many editors save
         handle.write(saved)
@@ -157,13 +164,7 @@ def test_an_editors_save_during_the_edit_wins_and_nothing_is_written(sshd, tmp_p
 
 
 def test_a_second_snapver_waits_and_both_nodes_are_added(sshd, tmp_path: Path, started) -> None:
-    config = Path(".snapver")
-    config.write_text(hand_written(sshd))
-    gate = tmp_path / "gate"
-    first = snapver("nodes", "add", "ct129", "--host", "10.0.0.2", "--python", "/p",
-                    env={"SNAPVER_TEST_PAUSE_BEFORE_CONFIG_WRITE": str(gate)})
-    started.append(first)
-    wait_for(Path(f"{gate}.waiting"), "the first edit reaching its write")
+    config, gate, first = add_held_at_its_write(sshd, tmp_path, started)
     second = snapver("nodes", "add", "fleet00", "--host", "10.0.0.3", "--python", "/p")
     started.append(second)
     assert second.stderr is not None
