@@ -86,7 +86,9 @@ def test_status_nodes_and_pull_fit_80_columns(fleet: dict, run_snapver) -> None:
     assert sum(1 for line in wide if line.startswith(("ct200 ", "ct129 "))) == 2, wide
 
     nodes = screen("nodes", "--check")
-    assert_fits(nodes, *fleet["sites"].values(), sys.executable if os.path.exists(sys.executable) else "")
+    checked = json.loads(run_snapver("nodes", "--check", "--json").out)["nodes"][0]["python"]
+    python = checked[checked.index("(") + 1:-1]  # "3.11.7 (/path/to/python3)": the node's, not the tests'
+    assert_fits(nodes, *fleet["sites"].values(), python)
 
     pulled = screen("pull", "tp8")
     assert_fits(pulled)
