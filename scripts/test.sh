@@ -86,8 +86,8 @@ PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q -e '.[test]'
 ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
   "$PY" -m pip download -q --only-binary :all: --no-deps -d .test-wheels setproctitle ||
   echo "scripts/test.sh: could not download setproctitle (tests/ops/test_ps.py will try again)" >&2
-# Three workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
-# sshd, git, docker and node agents, more than on the two cores of these machines.
+# Two workers (pytest-xdist), a test file each at a time: the suite is mostly waiting on
+# sshd, git and node agents, and these machines have two cores (10 min -> ~6 min).
 # A later -n (e.g. `bash scripts/test.sh -n 0 tests/ops`) overrides it.
 # Not `exec`: the dockerd started above is stopped when pytest ends, and pytest's exit
 # code is this script's.
@@ -95,6 +95,6 @@ ls .test-wheels/setproctitle-*.whl >/dev/null 2>&1 ||
 "$PY" -m ruff check snapver tests bench
 "$PY" -m mypy
 status=0
-"$PY" -m pytest -q -n 3 --dist loadfile "$@" || status=$?
+"$PY" -m pytest -q -n 2 --dist loadfile "$@" || status=$?
 stop_dockerd
 exit "$status"
