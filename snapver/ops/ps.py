@@ -4,7 +4,8 @@ may run code that differs from the files there now (restart needed).
 The node's agent reads ``/proc`` (``op_ps`` in ``transport/agent/procs.py``): a process is
 listed when it maps or holds open a file of the tree, or is a Python that can import the
 tree (the interpreter of the prefix owning site-packages, by its binary or the libpython
-it maps; one that maps extension modules from site-packages, as a process renamed with
+it maps; for an editable or source install, the node's Python that finds the tree there;
+one that maps extension modules from site-packages, as a process renamed with
 setproctitle or ``exec -a`` still does; site-packages on its ``PYTHONPATH`` or as its
 working folder). snapver's own processes (agents, compaction, mux, CLI) are recognised by
 their command line and never listed.

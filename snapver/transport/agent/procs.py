@@ -10,6 +10,7 @@ import time
 from .fsat import At, Tree, site_packages_of
 from .listing import walk
 from .reading import hash_stable
+from .source import find_root
 from .wire import AgentError
 
 
@@ -414,6 +415,19 @@ def _stale_by_ctime(row, site, modules):
     return files
 
 
+def _importing_python(site, roots):
+    """``(prefix, interpreter binaries)`` that import a tree kept outside any site-packages
+    (an editable install, a source checkout): this agent's Python when it finds the tree
+    there itself (the install's .pth or finder is on its path), as the server's Python
+    does. A venv's binary is shared with other environments, so only its prefix speaks."""
+    found, _ = find_root(roots)
+    if found is None or os.path.realpath(found) != site:
+        return "", set()
+    if sys.prefix != sys.base_prefix:
+        return sys.prefix, set()
+    return sys.prefix, {os.path.realpath(sys.executable)}
+
+
 def op_ps(channel, request):
     """The processes that run code of the tracked tree (never snapver's own), each with the
     tracked files changed (ctime) since it started: a mapped file replaced since is certain,
@@ -425,6 +439,8 @@ def op_ps(channel, request):
     match = _OWNER_LAYOUT.match(site)
     owner = match.group(1) if match else ""
     owner_exes = set()
+    if not owner:
+        owner, owner_exes = _importing_python(site, roots)
     if owner and not os.path.exists(os.path.join(owner, "pyvenv.cfg")):
         # Not a venv: the interpreter binary itself is the owner's (a venv's links
         # point to a base Python that other environments share).
