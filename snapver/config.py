@@ -533,6 +533,8 @@ def host_problem(host: str) -> str:
     set as well): each has a key of its own. Two colons or more are an IPv6 address."""
     if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in host):
         return f"expected a host name, an address or an ~/.ssh/config alias, got {host!r}"
+    if host.startswith("-"):  # as OpenSSH refuses it: read as an option wherever it is passed on
+        return f"{host!r} starts with '-', read as an option: expected a host name, an address or an alias"
     if "@" in host:
         user, _, rest = host.rpartition("@")
         return f"{host!r} holds a user: write host = {rest!r} and user = {user!r}"

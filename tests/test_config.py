@@ -261,6 +261,8 @@ BAD_CONFIGS = [
     ("host-with-user", {"n": _node(host="root@127.0.2.1")}, None, {"user": "root"}, "nodes.n.host", "user"),
     ("host-with-port", {"n": _node(host="127.0.2.1:2222")}, None, None, "nodes.n.host", "port"),
     ("host-with-space", {"n": _node(host="a b")}, None, None, "nodes.n.host", "a host name"),
+    # A host read as an option by whatever passes it on (ssh's ProxyCommand %h, an alias's shell).
+    ("host-like-an-option", {"n": _node(host="-oProxyCommand=touch")}, None, None, "nodes.n.host", "option"),
     ("host-bracketed", {"n": _node(host="[::1]:22")}, None, None, "nodes.n.host", "port"),
 ]
 
