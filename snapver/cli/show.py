@@ -148,6 +148,10 @@ def show(
                   ("made by", show_path(info.made_by)),
                   ("site-packages", show_path(str(meta.get("site_packages", "")))),
                   ("python", show_path(str(meta.get("python", ""))))]
+        install = meta.get("install")
+        if isinstance(install, dict):  # an editable or source install: what the node's Python found
+            checkout = f" (checkout {install['checkout']})" if install.get("checkout") else ""
+            fields.append(("install", show_path(f"{install.get('how', '?')} at {install.get('root', '?')}{checkout}")))
         if isinstance(meta.get("container"), dict):
             fields.append(("container", _container_line(meta["container"])))
         files = f"{info.files} ({human_bytes(int(meta.get('bytes', 0)))}), {info.changed} changed"

@@ -78,6 +78,9 @@ def test_an_editable_checkout_in_a_container_is_held_against_its_tag(official, w
     assert f"M\t{HOTFIX}" in result.out and f"against {known_good}" in result.out, result
     result = run_snapver("log", "ct201")
     assert f"sglang {VERSION}" in result.out, result
+    result = run_snapver("show", "ct201")
+    shown = "install:       editable at /sgl-workspace/sglang/python (checkout /sgl-workspace/sglang)"
+    assert shown in result.out, result
 
     # Nothing ran sglang's __init__, and git wrote nothing (no index refresh, no lock).
     assert in_container(official, f"ls {MARKER} 2>/dev/null; true") == ""
