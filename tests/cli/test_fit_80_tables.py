@@ -132,6 +132,14 @@ def test_ps_fits_80_columns(fleet: Fleet) -> None:
         assert any(line.strip() == f"{RUNNER}: may run old code" for line in whole), whole
 
 
+def test_env_fits_80_columns(fleet: Fleet) -> None:
+    shown = fleet.screen("env", "tp8", "--all")
+    assert_fits(shown, "sglang")
+    kernel = next(line for line in fleet.run("env", "tp8", "--all").out.splitlines() if line.startswith("Linux"))
+    assert "…" not in kernel, kernel  # off a terminal too: whole values
+    assert len([line for line in fleet.screen("env", "tp8", "--all", "-w") if "ct200" in line]) == 1
+
+
 def test_push_and_rollback_plans_and_results_fit_80_columns(fleet: Fleet) -> None:
     planned = fleet.screen("push", SECOND, "--dry-run", "--max-fail", "1")
     assert any(line.startswith("serving group tp8") for line in planned), planned
