@@ -84,7 +84,7 @@ class LazyGroup(TyperGroup):
 
 
 # Commands that print a table or fields that give way on a narrow terminal ("list": patch list).
-WIDE_COMMANDS = frozenset({"nodes", "log", "status", "list"})
+WIDE_COMMANDS = frozenset({"nodes", "log", "status", "list", "ps", "env", "tag", "push", "rollback"})
 
 
 def _set_wide(ctx: typer.Context, param: Any, value: bool) -> bool:

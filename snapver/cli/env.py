@@ -1,5 +1,6 @@
 """`snapver env [NODE|GROUP...] [--all] [--json] [-- NAME...]`: parse, call ops.env, render
-the environment matrix (a row per item, a column per node, in blocks that fit 80 columns)."""
+the environment matrix (a row per item, a column per node, in blocks that fit the terminal, 80
+columns off one; a record per item when not even one column fits; nothing cut)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import typer
 from snapver.cli.app import PATHS_KEY, PathsAfterDashes, app
 from snapver.cli.options import JsonOpt, NodesArg
 from snapver.cli.render import console, emit_json, escape, outcome, print_error
+from snapver.cli.state import STATE
 from snapver.model import quote_controls
 
-WIDTH = 80
-ITEM_WIDTH = 24  # the item column at most (longer names are shortened)
-VALUE_WIDTH = 14  # a node's column at most, its outlier mark aside
+WIDTH = 80  # off a terminal, the blocks' width
+ITEM_WIDTH = 24  # when not every item fits: the widest item kept in the blocks,
+VALUE_WIDTH = 14  # and the widest value (the others are records after them)
 OUTLIER = "*"
 ABSENT = "-"
 
@@ -42,7 +44,6 @@ def env(
       snapver env tp8 --all
       snapver env -- torch 'flashinfer*'
     """
-    from snapver.cli.state import STATE
     from snapver.ops.env import env as run_env
 
     names = ctx.meta.get(PATHS_KEY, [])
@@ -56,10 +57,9 @@ def env(
     return result.exit_code
 
 
-def shorten(text: str, width: int) -> str:
-    """``text`` quoted (control characters written as escapes), at most ``width`` characters."""
-    text = quote_controls(text)
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
+def shown(text: str) -> str:
+    """``text`` with control characters written as escapes (one line, never cut)."""
+    return quote_controls(text)
 
 
 def render_env(result: Any, named: bool) -> None:
@@ -78,7 +78,8 @@ def render_env(result: Any, named: bool) -> None:
         else:
             out.print(f"all {result.items} items agree on {len(compared)} nodes")
         return
-    for line in matrix_lines(result.rows, compared):
+    width = None if STATE.wide else out.width if out.is_terminal else WIDTH
+    for line in matrix_lines(result.rows, compared, width):
         out.print(escape(line))
     missing = f"; not compared: {', '.join(result.not_compared)}" if result.not_compared else ""
     if result.differ:
@@ -90,33 +91,65 @@ def render_env(result: Any, named: bool) -> None:
         out.print(escape(f"the {result.items} {what} on {len(compared)} nodes{missing}"))
 
 
-def matrix_lines(rows: list[Any], nodes: list[str]) -> list[str]:
-    """The matrix as lines of at most WIDTH characters: blocks of as many node columns as fit."""
-    item_width = min(ITEM_WIDTH, max(len(quote_controls(row.item)) for row in rows))
-    # One width for every node's column: blocks line up, one under the other.
-    width = min(VALUE_WIDTH, max([len(node) for node in nodes] + [len(quote_controls(value or ABSENT))
-                                                                  for row in rows for value in row.values.values()]))
-    widths = dict.fromkeys(nodes, width)
+def matrix_lines(rows: list[Any], nodes: list[str], width: int | None = WIDTH) -> list[str]:
+    """The matrix as lines of at most ``width`` characters (None: no limit), nothing cut:
+    blocks of as many node columns as fit; when setting apart the items too long for a short
+    column (a long name or value) lets more columns fit, those as records after the blocks."""
+    if width is None:
+        return _block(rows, nodes, *_widths(rows, nodes))
+    every = _per_block(rows, nodes, width)
+    fit = [row for row in rows if _short(*_widths([row], nodes))]
+    short = _per_block(fit, nodes, width) if fit else 0
+    if every < len(nodes) and short > every and len(fit) < len(rows):
+        return _blocks(fit, nodes, short) + [""] + _records([row for row in rows if row not in fit], nodes)
+    return _blocks(rows, nodes, every) if every else _records(rows, nodes)
+
+
+def _per_block(rows: list[Any], nodes: list[str], width: int) -> int:
+    """How many node columns fit in ``width`` beside the items (two spaces, the value, its outlier mark each)."""
+    item_width, value_width = _widths(rows, nodes)
+    return max(0, (width - item_width) // (value_width + 3))
+
+
+def _short(item_width: int, value_width: int) -> bool:
+    return item_width <= ITEM_WIDTH and value_width <= VALUE_WIDTH
+
+
+def _widths(rows: list[Any], nodes: list[str]) -> tuple[int, int]:
+    """The item column's width and one node column's (its outlier mark aside): their widest
+    texts (one width for every node's column: blocks line up, one under the other)."""
+    item = max(len(shown(row.item)) for row in rows)
+    value = max([len(shown(node)) for node in nodes]
+                + [len(shown(value or ABSENT)) for row in rows for value in row.values.values()])
+    return item, value
+
+
+def _blocks(rows: list[Any], nodes: list[str], per_block: int) -> list[str]:
+    """Blocks of ``per_block`` node columns, one under the other."""
     lines: list[str] = []
-    block: list[str] = []
-    used = item_width
-    for node in nodes:
-        if block and used + 2 + widths[node] + 1 > WIDTH:
-            lines += _block(rows, block, widths, item_width) + [""]
-            block, used = [], item_width
-        block.append(node)
-        used += 2 + widths[node] + 1
-    return lines + _block(rows, block, widths, item_width)
+    for first in range(0, len(nodes), per_block):
+        lines += ([""] if first else []) + _block(rows, nodes[first:first + per_block], *_widths(rows, nodes))
+    return lines
 
 
-def _block(rows: list[Any], nodes: list[str], widths: dict[str, int], item_width: int) -> list[str]:
-    header = "".ljust(item_width) + "".join("  " + shorten(node, widths[node]).ljust(widths[node]) + " "
-                                            for node in nodes)
+def _block(rows: list[Any], nodes: list[str], item_width: int, value_width: int) -> list[str]:
+    header = "".ljust(item_width) + "".join("  " + shown(node).ljust(value_width) + " " for node in nodes)
     lines = [header.rstrip()]
     for row in rows:
         cells = []
         for node in nodes:
-            value = shorten(row.values.get(node) or ABSENT, widths[node]).ljust(widths[node])
+            value = shown(row.values.get(node) or ABSENT).ljust(value_width)
             cells.append("  " + value + (OUTLIER if node in row.outliers else " "))
-        lines.append((shorten(row.item, item_width).ljust(item_width) + "".join(cells)).rstrip())
+        lines.append((shown(row.item).ljust(item_width) + "".join(cells)).rstrip())
+    return lines
+
+
+def _records(rows: list[Any], nodes: list[str]) -> list[str]:
+    """Each item on a line, then a ``  NODE  VALUE`` line per node (as `kubectl describe`)."""
+    node_width = max(len(shown(node)) for node in nodes)
+    lines: list[str] = []
+    for row in rows:
+        lines += [shown(row.item)] + [
+            ("  " + shown(node).ljust(node_width) + "  " + shown(row.values.get(node) or ABSENT)
+             + (OUTLIER if node in row.outliers else "")) for node in nodes]
     return lines

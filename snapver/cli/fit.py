@@ -84,3 +84,13 @@ def print_file(out: Console | PlainConsole, status: str, path: str, label: str =
     else:
         out.print(line)
         out.print(f"       {label}")
+
+
+def print_beside(out: Console | PlainConsole, head: str, tail: str, separator: str = "  ", indent: int = 11) -> None:
+    """``head`` and ``tail`` (markup) on one line; on a terminal too narrow for both (and
+    without `-w/--wide`), ``tail`` on the next line, indented: neither is cut or broken."""
+    if not out.is_terminal or STATE.wide or len(plain(head)) + len(separator) + len(plain(tail)) <= out.width:
+        out.print(head + separator + tail)
+    else:
+        out.print(head)
+        out.print(" " * indent + tail)

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from snapver.cli.app import app
+from snapver.cli.fit import print_beside
 from snapver.cli.options import JsonOpt, NodesArg
 from snapver.cli.render import console, emit_json, escape, outcome, print_error, show_path
 from snapver.cli.state import STATE
 
 FILES_SHOWN = 5  # per process, in the text output (--json has them all, up to the agent's cap)
+INDENT = " " * 11  # a process's files, under its command
 
 
 @app.command()
@@ -76,12 +78,12 @@ def render_ps(result: Any) -> None:
                   + (f", [red]{needing} need a restart[/red]" if needing else ""))
         for process in node.processes:
             mark = "[red]restart needed[/red]" if process.restart_needed else "[green]current[/green]"
-            out.print(f"  {process.pid:>7}  {show_path(process.user)}  started {started_text(process)}  {mark}  "
-                      f"{escape(process.command)}")  # escape(): control characters quoted
+            print_beside(out, f"  {process.pid:>7}  {show_path(process.user)}  started {started_text(process)}  {mark}",
+                         escape(process.command), "  ")  # escape(): control characters quoted
             for item in process.files[:FILES_SHOWN]:
-                out.print(f"           {show_path(item.path)}: {escape(file_verdict(item))}")
+                print_beside(out, f"{INDENT}{show_path(item.path)}:", escape(file_verdict(item)), " ")
             more = len(process.files) - FILES_SHOWN + process.files_more
             if more > 0:
-                out.print(f"           and {more} more file(s)")
+                out.print(f"{INDENT}and {more} more file(s)")
         for note in node.warnings():
             err.print(f"[yellow]warning[/yellow]: {escape(note)}")

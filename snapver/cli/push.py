@@ -10,10 +10,13 @@ import typer
 from snapver import interrupt
 from snapver.cli.app import app
 from snapver.cli.options import AllNodesOpt, DryRunOpt, JsonOpt, YesOpt, node_args
-from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, show_path
 from snapver.cli.state import STATE
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from snapver.cli.render import PlainConsole
     from snapver.ops.plan import NodePlan
     from snapver.ops.push import PushPlan, PushResult, WavesResult
     from snapver.ops.rollback import RollbackPlan, RollbacksResult
@@ -25,14 +28,16 @@ MAX_FAIL_HELP = ("Units (a node, or a serving group) that may fail, each rolled 
 _MARKS = {"write": ("M", "yellow"), "delete": ("D", "red"), "skip": ("=", "cyan"), "conflict": ("!", "red")}
 
 
-def _step_line(step: object) -> str:
+def _print_step(out: Console | PlainConsole, step: object) -> None:
+    """``  M PATH  (NOTE)``; the note on the next line when the terminal is too narrow for both."""
+    from snapver.cli.fit import print_beside
     from snapver.ops.plan import Step
 
     assert isinstance(step, Step)
     mark, colour = _MARKS[step.action]
     if step.action == "write" and step.live is None:
         mark, colour = "A", "green"
-    return f"  [{colour}]{mark}[/{colour}] {show_path(step.path)}  ({escape(step.note)})"
+    print_beside(out, f"  [{colour}]{mark}[/{colour}] {show_path(step.path)}", f"({escape(step.note)})", indent=6)
 
 
 def render_node_plan(plan: NodePlan, verbose_skips: bool = True) -> None:
@@ -53,7 +58,7 @@ def render_node_plan(plan: NodePlan, verbose_skips: bool = True) -> None:
         out.print(f"{name}: up to date ({skips} already patched)" if skips else f"{name}: nothing to change")
     for step in plan.steps:
         if step.action != "skip" or verbose_skips:
-            out.print(_step_line(step))
+            _print_step(out, step)
 
 
 def render_run(run: NodeRun) -> None:
@@ -95,8 +100,9 @@ def render_stale(stale: list, action: str) -> None:
             continue
         for process in node.processes:
             command = process.command if len(process.command) <= 160 else process.command[:159] + "…"
-            out.print(f"{escape(node.node)}: pid {process.pid} {escape(command)} started {started_text(process)} "
-                      f"[yellow]runs code older than this {action}: restart it[/yellow]")
+            out.print(fields_line(out, [f"{escape(node.node)}: pid {process.pid}", escape(command),
+                                        f"started {started_text(process)}",
+                                        f"[yellow]runs code older than this {action}: restart it[/yellow]"], " "))
         for note in node.listed.warnings() if node.listed is not None else ():
             err.print(f"[yellow]warning[/yellow]: {escape(note)}")
 
@@ -326,8 +332,9 @@ def _render_push_plan(plan: PushPlan, name: str, dry_run: bool) -> None:
         console(stderr=True).print(f"note: patch {escape(name)}: its folder has edits not saved "
                                    f"(snapver patch save {escape(name)})")
     names = ", ".join(n.node for n in plan.nodes)
-    out.print(f"push {escape(name)} ({len(plan.patch.files)} file(s), base {plan.patch.base[:10]} of "
-              f"{escape(plan.patch.base_node)}) to {escape(names)}" + (" — dry run" if dry_run else ""))
+    out.print(fields_line(out, [f"push {escape(name)}", f"({len(plan.patch.files)} file(s), base "
+                                f"{plan.patch.base[:10]} of {escape(plan.patch.base_node)})", f"to {escape(names)}",
+                                *(["— dry run"] if dry_run else [])], separator=" "))
     for node in plan.nodes:
         render_node_plan(node)
     for broken in plan.broken:
@@ -444,8 +451,9 @@ def rollback(
 def _render_rollback_plans(plans: list[RollbackPlan], dry_run: bool) -> None:
     out = console()
     for plan in plans:
-        out.print(f"rollback {escape(plan.node.node)} to {plan.target[:10]} ({escape(plan.reason)})"
-                  + (" — dry run" if dry_run else ""))
+        reason = [escape(word) for word in f"({plan.reason})".split(" ")]  # broken between words only
+        out.print(fields_line(out, [f"rollback {escape(plan.node.node)} to {plan.target[:10]}", *reason,
+                                    *(["— dry run"] if dry_run else [])], separator=" "))
         if plan.interrupted is not None:
             out.print(f"{escape(plan.node.node)}: repairs the interrupted {plan.interrupted.action} of "
                       f"{escape(str(plan.interrupted.patch or '-'))} "

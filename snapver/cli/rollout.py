@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from snapver.cli.fit import print_wrapped
 from snapver.cli.render import console, escape
 
 if TYPE_CHECKING:
@@ -42,14 +43,14 @@ def render_units(plan: PushPlan, waves: str | None, max_fail: str | None, dry_ru
     if (waves is not None and dry_run) or serving:
         for index, wave in enumerate(wave_units(plan.units, busy, waves)):
             out.print(f"wave {index + 1}: {escape(', '.join(unit.label for unit in wave))}")
-    for unit in serving:
-        out.print(f"serving group {escape(unit.name)}: written together, restarted in this order "
-                  f"({escape(', '.join(unit.nodes))}), then health-checked; rolled back together if any fails")
+    for unit in serving:  # prose: wrapped at words on a terminal
+        print_wrapped(out, f"serving group {escape(unit.name)}: written together, restarted in this order "
+                           f"({escape(', '.join(unit.nodes))}), then health-checked; rolled back together if any fails")
     units = len(unit_plans(plan.units, busy))
     if max_fail is not None and units:
         allowed = allowed_failures(max_fail, units)
-        out.print(f"failure budget: {allowed} of {units} unit(s) may fail, each rolled back, and the push goes on "
-                  f"(--max-fail {escape(max_fail)})")
+        print_wrapped(out, f"failure budget: {allowed} of {units} unit(s) may fail, each rolled back, and the push "
+                           f"goes on (--max-fail {escape(max_fail)})")
 
 
 def wave_title(plan: PushPlan, runs: list[NodeRun]) -> str:

@@ -6,7 +6,7 @@ import typer
 
 from snapver.cli.app import app
 from snapver.cli.options import JsonOpt
-from snapver.cli.render import console, emit_json, escape, show_path
+from snapver.cli.render import console, emit_json, escape, fields_line, show_path
 from snapver.cli.state import STATE
 
 
@@ -41,9 +41,11 @@ def tag(
         elif not tags:
             out.print("no tags yet (snapver tag NAME [REF])")
         for info in tags if not json_out else []:
-            out.print(f"{escape(info.name):<20} {info.commit[:10]}  {info.time:%Y-%m-%d %H:%M}  "
-                      f"{show_path(info.node)}" + (f"  ({escape(info.kind)})" if info.kind != "snapshot" else "")
-                      + (f"  [red]{escape(info.note)}[/red]" if info.note else ""))
+            # Broken between fields only, on a terminal too narrow for the line (a name stays whole).
+            out.print(fields_line(out, [f"{escape(info.name):<20} {info.commit[:10]}", f"{info.time:%Y-%m-%d %H:%M}",
+                                        show_path(info.node),
+                                        *([f"({escape(info.kind)})"] if info.kind != "snapshot" else []),
+                                        *([f"[red]{escape(info.note)}[/red]"] if info.note else [])]))
         return 0
     if name is None:
         raise UsageError("-d needs the tag to delete: snapver tag -d NAME")

@@ -66,7 +66,7 @@ def test_env_all_and_names_after_dashes(two_venvs: Path, run_snapver) -> None:
     every = run_snapver("env", "--all", cwd=two_venvs)
     assert every.code == 1
     rows = rows_of(every.out)
-    assert rows["flash-stub"] == ["0.5.0", "0.5.0"]
+    assert rows["flash-stub"] == ["0.5.0", "0.5.0"], every.out
     assert rows["Python"] == [".".join(map(str, sys.version_info[:3]))] * 2
     named = run_snapver("env", "--", "flash*", "GPU", cwd=two_venvs)
     assert named.code == 0, named.out + named.err
@@ -103,10 +103,18 @@ def test_a_wide_fleet_fits_80_columns_in_blocks(local_node, make_site_packages, 
         dist(site, "a-distribution-with-a-very-long-name-indeed", f"1.{number % 3}")
         nodes[name] = local_node(site)
     write_config(nodes, where=tmp_path)
+    named = run_snapver("env", "--", "a-distribution*", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert named.code == 1
+    lines = named.out.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    headers = [line for line in lines if line.lstrip().startswith("fleet0")]
+    assert len(headers) >= 2  # more than one block
+    assert "a-distribution-with-a-very-long-name-indeed " in named.out  # whole, never cut
+    # A name and a value too long for even one node's column beside it: a record per item.
     done = run_snapver("env", cwd=tmp_path, env={"COLUMNS": "200"})
     assert done.code == 1
     lines = done.out.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
-    headers = [line for line in lines if line.lstrip().startswith("fleet00") or line.lstrip().startswith("fleet0")]
-    assert len(headers) >= 2  # more than one block
-    assert "0.5.0+cu128to\u2026" in done.out and "a-distribution-with-a-v\u2026" in done.out
+    assert "\u2026" not in done.out
+    assert any(line.startswith("  fleet01  0.5.0+cu128torch2.9.averyverylongbuildtag") for line in lines), done.out
+    assert "a-distribution-with-a-very-long-name-indeed" in lines, done.out
