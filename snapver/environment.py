@@ -89,6 +89,7 @@ class Environment:
     driver: str = ""
     gpu_source: str = ""
     notes: tuple[str, ...] = field(default=())
+    mark: str = field(default="", compare=False)  # what the agent read it from (never stored)
 
     @classmethod
     def from_json(cls, document: Any) -> Environment:

@@ -37,10 +37,24 @@ def recorded_env_oid(store: Store, node: str, commit: str) -> str | None:
     return env_oid_of(store.commit(commit).meta)
 
 
-def remember_env_oid(store: Store, node: str, commit: str, oid: str) -> None:
-    """Note that the node's last snapshot, ``commit``, recorded environment blob ``oid``."""
+def remember_env_oid(store: Store, node: str, commit: str, oid: str, mark: str = "") -> None:
+    """Note that the node's last snapshot, ``commit``, recorded environment blob ``oid``, read
+    from what the agent's ``mark`` sums up."""
     write_atomic(env_cache_path(store, node), json.dumps({"v": ENV_CACHE_VERSION, "commit": commit,
-                                                          "env": oid}).encode("ascii"))
+                                                          "env": oid, "mark": mark}).encode("ascii"))
+
+
+def remembered_env(store: Store, node: str, commit: str | None) -> tuple[str, str] | None:
+    """``(blob id, mark)`` of the environment snapshot ``commit`` recorded, when the side file
+    is about that snapshot and has a mark; else None (the environment is read whole)."""
+    try:
+        cached = json.loads(env_cache_path(store, node).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or not of_version(cached, ENV_CACHE_VERSION) or cached.get("commit") != commit:
+        return None
+    oid, mark = cached.get("env"), cached.get("mark")
+    return (oid, mark) if isinstance(oid, str) and isinstance(mark, str) and mark else None
 
 
 def env_oid_of(meta: dict[str, Any]) -> str | None:

@@ -26,7 +26,7 @@ from snapver.config import NodeSpec
 from snapver.environment import ENV_PATH, Environment
 from snapver.errors import RefError, SnapverError, StoreError, TransportError
 from snapver.model import ZERO_OID, Entry, Manifest, StatEntry
-from snapver.ops.envrecord import recorded_env_oid, remember_env_oid
+from snapver.ops.envrecord import recorded_env_oid, remember_env_oid, remembered_env
 from snapver.ops.layer import request_identity
 from snapver.ops.live import (
     BY_PATH,
@@ -82,6 +82,7 @@ class NodePull:
     keys: StatKeys | None = field(default=None, repr=False)  # the stat keys its listing was sent
     record: SnapshotRecord | None = field(default=None, repr=False)  # the RECORD rows of its new snapshot
     env_oid: str | None = field(default=None, repr=False)  # the blob id of ``environment``
+    env_mark: str = field(default="", repr=False)  # what the agent read it from, summed up
     parent_env: str | None = field(default=None, repr=False)  # that of the parent's, once looked up
     started: float = field(default=0.0, repr=False)
 
@@ -248,8 +249,11 @@ def _keep_side_files(store: Store, result: NodePull, tag: str | None, nodes: int
         keep_stat_keys_packed(store, result.node, result.keys)
     if result.snapshot and result.record is not None:
         save_record_source(store, result.node, result.snapshot, result.record.source)
-    if head and result.env_oid and (result.snapshot or result.parent_env not in ("", result.env_oid)):
-        remember_env_oid(store, result.node, head, result.env_oid)
+    # Kept for a new snapshot, or for the last one when the node read the same environment
+    # whole (a side file without a mark, or files touched): its mark is then the new one.
+    if head and result.env_oid and (result.snapshot or (result.environment is not None
+                                                        and result.parent_env == result.env_oid)):
+        remember_env_oid(store, result.node, head, result.env_oid, result.env_mark)
     if tag and head:
         _tag(store, tag if nodes == 1 else f"{tag}-{result.node}", head, result)
 
@@ -318,12 +322,16 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         level = None if hash_on_node else _compress_level(result.transport)
         # Asked before the listing (so read before it): the agent answers it in the same
         # round trip, and no request of the listing's can come between.
-        environment = result.transport.request_environment() if spec.environment else None
+        # Asked with the mark of the environment the last snapshot recorded: an unchanged one
+        # is not read again (nor nvidia-smi run).
+        known = remembered_env(store, spec.name, result.parent) if spec.environment else None
+        environment = result.transport.request_environment_since(known[1] if known else "") \
+            if spec.environment else None
         listing = result.transport.request_listing(None, cache_time, want_oids=hash_on_node, cache_keys=keys,
                                                    rows_if_unchanged=False)
         if level is not None:
             result.prefetch = result.transport.request_listed_files(level)
-        _take_environment(result, environment)
+        _take_environment(result, environment, known)
         if keys is None:  # read the last snapshot while the node starts up and lists
             _read_parent(store, result)
             result.listing = listing()
@@ -341,13 +349,23 @@ def _list_node(store: Store, spec: NodeSpec, result: NodePull, hash_on_node: boo
         result.error = exc
 
 
-def _take_environment(result: NodePull, reply: Callable[[], Environment] | None) -> None:
-    """The node's environment, or a note saying why there is none: never a failed pull."""
+def _take_environment(result: NodePull, reply: Callable[[], Environment | None] | None,
+                      known: tuple[str, str] | None) -> None:
+    """The node's environment, or a note saying why there is none: never a failed pull.
+    ``known``: the blob id and mark of the one the last snapshot recorded (the agent answers
+    "same" to that mark)."""
     if reply is None:
         return
     try:
-        result.environment = reply()
-        result.env_oid = blob_oid(result.environment.canonical())
+        environment = reply()
+        if environment is None:
+            assert known is not None
+            result.env_oid = result.parent_env = known[0]
+            result.env_mark = known[1]
+            return
+        result.environment = environment
+        result.env_oid = blob_oid(environment.canonical())
+        result.env_mark = environment.mark
     except TransportError as exc:
         if result.transport is None or not result.transport.is_open:
             raise
@@ -568,11 +586,10 @@ def _extra_files(result: NodePull, record: SnapshotRecord | None) -> tuple[dict[
         extra[RECORD_PATH] = record.data
     elif record is not None and record.oid:
         stored[RECORD_PATH] = record.oid
-    if result.environment is not None and result.env_oid is not None:
-        if result.parent_env == result.env_oid:
-            stored[ENV_PATH] = result.env_oid
-        else:
-            extra[ENV_PATH] = result.environment.canonical()
+    if result.env_oid is not None and result.parent_env == result.env_oid:
+        stored[ENV_PATH] = result.env_oid  # the parent's blob (also when the node said "same")
+    elif result.environment is not None and result.env_oid is not None:
+        extra[ENV_PATH] = result.environment.canonical()
     return extra, stored
 
 

@@ -7,6 +7,7 @@ writing) is the same framed protocol for every transport (see ``agent/``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import marshal
 import os
@@ -141,6 +142,11 @@ class Transport(ABC):
     @abstractmethod
     def request_environment(self, within: float | None = None, gpu: bool = True) -> Callable[[], Environment]:
         """Ask now for the node's environment (Python, distributions, torch, GPU, kernel)."""
+
+    @abstractmethod
+    def request_environment_since(self, mark: str, within: float | None = None,
+                                  gpu: bool = True) -> Callable[[], Environment | None]:
+        """As ``request_environment``, None when the environment still has ``mark``."""
 
     def __enter__(self) -> Transport:
         self.open()
@@ -935,7 +941,21 @@ class AgentTransport(Transport):
         """Ask the agent for the node's environment now; the function returned waits for it
         (the agent bounds its one slow part, nvidia-smi, in time), ``within`` seconds if
         given, else the session is cut. Without ``gpu``: no GPU or driver (nvidia-smi not run)."""
-        reply = self.request("env", gpu=gpu)
+        asked = self.request_environment_since("", within, gpu)
+
+        def environment() -> Environment:
+            found = asked()
+            assert found is not None  # "same" is answered only to a mark
+            return found
+
+        return environment
+
+    def request_environment_since(self, mark: str, within: float | None = None,
+                                  gpu: bool = True) -> Callable[[], Environment | None]:
+        """As ``request_environment``; None when the node's environment still has ``mark``
+        (the agent compares what it is read from, and reads nothing more). The environment
+        returned carries its own ``mark``."""
+        reply = self.request("env", gpu=gpu, **({"unless": mark} if mark else {}))
 
         def answer() -> dict[str, Any]:
             if within is None:
@@ -951,14 +971,16 @@ class AgentTransport(Transport):
                                      hint="the node or the link stalled; the session was ended")
             return found
 
-        def environment() -> Environment:
+        def environment_or_same() -> Environment | None:
             found = answer()
+            if mark and found.get("same") == mark:
+                return None
             try:
-                return Environment.from_json(found.get("env"))
+                return dataclasses.replace(Environment.from_json(found.get("env")), mark=str(found.get("mark") or ""))
             except (ValueError, TypeError, AttributeError) as exc:
                 raise TransportError(f"{self.spec.name}: malformed environment from the agent: {exc}") from None
 
-        return environment
+        return environment_or_same
 
 
 def _all_unchanged(reply: dict[str, Any], files: int | None) -> Listing | None:

@@ -141,3 +141,31 @@ def test_an_unchanged_tree_whose_last_snapshot_recorded_no_environment_makes_no_
     (site / "sglang/srt/a.py").write_text("a = 2\n")
     assert run_snapver("pull", "ct200", cwd=tmp_path).code == 0
     assert snapshots(tmp_path / "snapshots") == 2 and "env" in meta(tmp_path / "snapshots")
+
+
+def test_an_unchanged_environment_is_not_read_again_and_an_upgrade_is(sshd, ssh_node, write_config, run_snapver,
+                                                                       tmp_path: Path) -> None:
+    """A re-pull sends the mark of the environment its last snapshot recorded: the node reads
+    neither the distributions nor nvidia-smi again while nothing they come from changed; a pip
+    upgrade changes the mark, and the new environment is read and recorded."""
+    python, site = venv_node(tmp_path / "venv", {"tinypkg": "1.0.0"})
+    wrapper = python_with_path(tmp_path / "bin", python, tmp_path / "fakebin")
+    smi = stand_in_smi(tmp_path / "fakebin", driver="580.95.05", gpus=1)
+    runs = tmp_path / "smi-runs"
+    smi.write_text(smi.read_text().replace("#!/bin/sh\n", f'#!/bin/sh\necho run >> "{runs}"\n', 1))
+    write_config({"ct200": ssh_node("ct200", site, python=str(wrapper))}, where=tmp_path)
+    store = tmp_path / "snapshots"
+    assert run_snapver("pull", "ct200", cwd=tmp_path).code == 0
+    assert runs.read_text().count("run") == 1
+    for _ in range(2):  # the first re-pull may read it whole once (nothing remembered of it yet)
+        again = run_snapver("pull", "ct200", cwd=tmp_path)
+        assert again.code == 0 and "unchanged since" in again.out, again
+    before = runs.read_text().count("run")
+    again = run_snapver("pull", "ct200", cwd=tmp_path)
+    assert "unchanged since" in again.out and runs.read_text().count("run") == before, again
+    upgrade(python, "tinypkg", "1.1.0")
+    moved = run_snapver("pull", "ct200", "--json", cwd=tmp_path)
+    row = json.loads(moved.out)["nodes"][0]
+    assert row["env_changed"] is True and snapshots(store) == 2, row
+    assert versions(recorded(store))["tinypkg"] == "1.1.0"
+    assert runs.read_text().count("run") == before + 1

@@ -8,7 +8,7 @@ import stat
 import sys
 
 from .fsat import DIR_FLAGS, FILE_FLAGS, site_packages_of
-from .wire import AgentError
+from .wire import AgentError, blake2b_256
 
 MAX_DISTS = 2000  # distributions reported (the rest counted in a note)
 MAX_DIRS = 64  # folders of sys.path looked through
@@ -299,11 +299,57 @@ def read_environment(site, gpu_seconds=GPU_SECONDS, gpu=True):
     return environment
 
 
+def _small_text(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(SMALL_FILE).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def env_mark(site, gpu):
+    """What the environment is read from, in stat terms: each folder's *.dist-info/*.egg-info
+    (name, inode, mtime, and its METADATA/PKG-INFO's), torch/version.py, the Python, the kernel
+    and its boot, the NVIDIA module loaded. Equal marks: the same environment, nothing to read
+    (pip installs, upgrades and removals make new folders; a driver changes with its module)."""
+    parts = ["%d.%d.%d %s %s gpu=%s" % (sys.version_info[:3] + (sys.executable, os.uname().release, bool(gpu))),
+             _small_text("/proc/sys/kernel/random/boot_id"),
+             _small_text("/proc/driver/nvidia/version") if gpu else ""]
+    for path in search_folders(site):
+        parts.append(path)
+        try:
+            with os.scandir(path) as entries:
+                found = [entry for _, entry in zip(range(MAX_NAMES), entries)
+                         if entry.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            parts.append("unreadable")
+            continue
+        for entry in sorted(found, key=lambda e: e.name):
+            parts.append(_stat_key(entry.path, entry.name))
+            for inner in ("METADATA", "PKG-INFO"):
+                parts.append(_stat_key(os.path.join(entry.path, inner), inner))
+        parts.append(_stat_key(os.path.join(path, "torch", "version.py"), "torch"))
+    return blake2b_256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _stat_key(path, name):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return name + " -"
+    return "%s %d %d %d %d" % (name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def op_env(channel, request):
     site = site_packages_of(request.get("site_packages"))
     seconds = min(GPU_SECONDS, float(request.get("gpu_seconds") or GPU_SECONDS))
+    gpu = request.get("gpu", True) is not False
     try:
-        found = read_environment(site, seconds, request.get("gpu", True) is not False)
+        mark = env_mark(site, gpu)
+        if request.get("unless") == mark:  # as when the client last read it: not read again
+            channel.send({"same": mark})
+            return
+        found = read_environment(site, seconds, gpu)
     except Exception as exc:  # noqa: BLE001 - an environment that cannot be read is the client's note
         raise AgentError("environment: %s" % clip(repr(exc), MAX_URL))
-    channel.send({"env": found})
+    channel.send({"env": found, "mark": mark})
