@@ -3,7 +3,7 @@ node's own server, bounded in time and in size, following no redirect and no pro
 
 import time
 
-from .procs import ClientGone, TooLong, client_gone, within
+from .procs import ClientGone, TooLong, client_gone, health_opener, within
 
 
 class _Said(Exception):
@@ -14,18 +14,6 @@ class _Said(Exception):
         Exception.__init__(self, text)
         self.kind = kind
         self.code = code  # the HTTP status, when there was one
-
-
-def _opener():
-    """No proxy (the URL is the node's own server) and no redirect: a 3xx is the answer,
-    never another server's."""
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())
 
 
 def _read_capped(reply, cap):
@@ -88,7 +76,7 @@ def op_health_request(channel, request):
     cap = int(request.get("cap") or 1 << 20)
     began = time.monotonic()
     deadline = began + float(request.get("wait_up") or 0)
-    opener, attempts = _opener(), 0
+    opener, attempts = health_opener(), 0
     while True:
         attempts += 1
         asked = urllib.request.Request(request["url"], data=data, headers=headers, method=request["method"])

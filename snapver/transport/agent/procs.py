@@ -537,7 +537,7 @@ def within(seconds, call):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _health_opener():
+def health_opener():
     """An opener with no proxy (a health URL is the node's own server) that follows no
     redirect: a 3xx is the answer, not another server's 200."""
     import urllib.request
@@ -586,7 +586,7 @@ def op_health_url(channel, request):
     url = request["url"]
     began = time.monotonic()
     deadline = began + float(request.get("timeout") or 60)
-    opener = _health_opener()
+    opener = health_opener()
     attempts, last = 0, "never tried"
     while True:
         attempts += 1
