@@ -165,9 +165,9 @@ def plain_text(markup: object) -> str | None:
     return markup
 
 
-# How a table column gives way when a terminal is too narrow for it (the others wrap at spaces):
-# KEEP columns are never cut or wrapped (what tells nodes, snapshots and dates apart),
-# PATH columns lose the middle of their cells (`/root/venv…/site-packages`).
+# How a table's columns take the width of a console that is not a terminal (a terminal gets
+# only tables that fit: ``cli/fit.py``): KEEP columns never wrap (what tells nodes, snapshots
+# and dates apart), nor PATH columns; the others wrap at spaces.
 KEEP_COLUMNS = frozenset({"node", "address", "reachable", "snapshot", "date", "id", "patch"})
 PATH_COLUMNS = frozenset({"site-packages", "python"})
 MIN_PATH = 10  # a path column keeps at least this many characters
@@ -176,8 +176,8 @@ MIN_PATH = 10  # a path column keeps at least this many characters
 def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A table of markup cells as `rich.table.Table(box=None, pad_edge=False)` prints it.
 
-    On a terminal it fits the width (see KEEP_COLUMNS, PATH_COLUMNS); with `-w/--wide`,
-    every cell is whole, lines as long as they need.
+    On a terminal it is given only a table that fits (``cli/fit.py print_fitted`` chooses the
+    form); with `-w/--wide`, every cell is whole, lines as long as they need.
     """
     if isinstance(out, PlainConsole):
         text = plain_table(columns, rows)
@@ -197,51 +197,12 @@ def print_table(out: Console | PlainConsole, columns: tuple[str, ...], rows: lis
     least = [width if column in KEEP_COLUMNS else min(width, MIN_PATH) if column in PATH_COLUMNS
              else max(len(word) for cell in cells for word in (cell.split() or [""]))
              for column, width, cells in zip(columns, widths, plain, strict=False)]
-    if out.is_terminal and not STATE.wide and needed > out.width:
-        rows = _elide_paths(columns, rows, widths, least, needed - out.width)
-    # Columns stay two spaces apart, one when even their narrowest would not fit otherwise.
-    tight = out.is_terminal and not STATE.wide and sum(least) + 2 * (len(least) - 1) > out.width
-    table = Table(box=None, pad_edge=False, collapse_padding=tight)
+    table = Table(box=None, pad_edge=False)
     for column, narrowest in zip(columns, least, strict=False):
         table.add_column(column, no_wrap=column in KEEP_COLUMNS or column in PATH_COLUMNS, min_width=narrowest)
     for row in rows:
         table.add_row(*row)
     out.print(table)
-
-
-def _elide_paths(columns: tuple[str, ...], rows: list[tuple[str, ...]], widths: list[int], least: list[int],
-                 excess: int) -> list[tuple[str, ...]]:
-    """``rows`` with the cells of PATH_COLUMNS cut in the middle so that the table fits:
-    the wrapping columns give way first (down to their longest word), then the paths, the
-    widest first, down to MIN_PATH."""
-    wrapping = sum(width - narrowest for column, width, narrowest in zip(columns, widths, least, strict=False)
-                   if column not in KEEP_COLUMNS and column not in PATH_COLUMNS)
-    excess -= wrapping
-    limits = list(widths)
-    paths = [index for index, column in enumerate(columns) if column in PATH_COLUMNS]
-    while excess > 0 and paths:
-        widest = max(paths, key=lambda index: limits[index] - least[index])
-        if limits[widest] <= least[widest]:
-            break
-        limits[widest] -= 1
-        excess -= 1
-    if limits == widths:
-        return rows
-    return [tuple(elide_middle(cell, limits[index]) if index in paths else cell for index, cell in enumerate(row))
-            for row in rows]
-
-
-def elide_middle(markup: str, width: int) -> str:
-    """A one-line markup cell cut to ``width`` columns by its middle (``/root/ve…/site-packages``):
-    both ends of a path say the most. Plain text results (styles dropped)."""
-    from rich.text import Text
-
-    plain = Text.from_markup(markup).plain
-    if len(plain) <= width:
-        return markup
-    keep = width - 1
-    head = keep // 2
-    return escape(plain[:head] + "…" + plain[len(plain) - (keep - head):])
 
 
 def fields_line(out: Console | PlainConsole, fields: list[str], separator: str = "  ",
