@@ -25,15 +25,23 @@ from snapver.transport.connect import open_transport
 ENV_DEADLINE = 30.0
 
 
-def recorded_env_oid(store: Store, node: str, commit: str) -> str | None:
-    """The id of the environment blob snapshot ``commit`` recorded (None: none recorded)."""
+def _side_file(store: Store, node: str, commit: str | None) -> dict[str, Any] | None:
+    """The node's environment side file, when it is of this version and about ``commit``."""
     try:
         cached = json.loads(env_cache_path(store, node).read_text())
-        if isinstance(cached, dict) and of_version(cached, ENV_CACHE_VERSION) and cached.get("commit") == commit:
-            oid = cached.get("env")
-            return oid if isinstance(oid, str) else None
     except (OSError, ValueError):
-        pass
+        return None
+    if isinstance(cached, dict) and of_version(cached, ENV_CACHE_VERSION) and cached.get("commit") == commit:
+        return cached
+    return None
+
+
+def recorded_env_oid(store: Store, node: str, commit: str) -> str | None:
+    """The id of the environment blob snapshot ``commit`` recorded (None: none recorded)."""
+    cached = _side_file(store, node, commit)
+    if cached is not None:
+        oid = cached.get("env")
+        return oid if isinstance(oid, str) else None
     return env_oid_of(store.commit(commit).meta)
 
 
@@ -47,11 +55,8 @@ def remember_env_oid(store: Store, node: str, commit: str, oid: str, mark: str =
 def remembered_env(store: Store, node: str, commit: str | None) -> tuple[str, str] | None:
     """``(blob id, mark)`` of the environment snapshot ``commit`` recorded, when the side file
     is about that snapshot and has a mark; else None (the environment is read whole)."""
-    try:
-        cached = json.loads(env_cache_path(store, node).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(cached, dict) or not of_version(cached, ENV_CACHE_VERSION) or cached.get("commit") != commit:
+    cached = _side_file(store, node, commit)
+    if cached is None:
         return None
     oid, mark = cached.get("env"), cached.get("mark")
     return (oid, mark) if isinstance(oid, str) and isinstance(mark, str) and mark else None
